@@ -1,0 +1,179 @@
+"""The public Python API: :func:`train`."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from distbelief.config import RunConfig, config_from
+from distbelief.exceptions import ConfigError
+from distbelief.metrics import RunRecorder
+
+
+@dataclass
+class TrainResult:
+    """What a run produced.
+
+    Attributes:
+        summary: the run's summary (the same dict as ``summary.json``).
+        metrics: one dict per evaluation (the lines of ``metrics.jsonl``).
+        flat_params: the final server parameters as one flat float32 vector.
+        model: a model from ``model_fn`` holding the final parameters.
+        run_dir: the run directory, or None when ``out`` was empty.
+    """
+
+    summary: dict[str, Any]
+    metrics: list[dict[str, Any]]
+    flat_params: torch.Tensor
+    model: torch.nn.Module
+    run_dir: Path | None
+
+
+def _resolve_threads(cfg: RunConfig) -> int:
+    if cfg.threads:
+        return cfg.threads
+    cores = os.cpu_count() or 1
+    if cfg.strategy == "sgd":
+        return cores
+    return max(1, cores // cfg.replicas)
+
+
+def check_model_and_data(model_fn, train_ds, loss_fn) -> None:
+    """Run one tiny forward+backward in this process so shape errors surface before any worker starts."""
+    from torch.utils.data import default_collate
+
+    from distbelief.downpour.trainer import materialize
+
+    ds = materialize(train_ds)
+    if len(ds) == 0:
+        raise ConfigError("train_data", "the training dataset is empty")
+    model = model_fn()
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ConfigError("model", "the model has no trainable parameters")
+    x, y = default_collate([ds[i] for i in range(min(2, len(ds)))])
+    try:
+        out = model(x)
+    except RuntimeError as e:
+        raise ConfigError(
+            "model", f"the model rejects the dataset's inputs of shape {tuple(x.shape)} (batch of 2): {e}"
+        ) from None
+    try:
+        loss = loss_fn(out, y)
+        loss.backward()
+    except (RuntimeError, IndexError, ValueError) as e:
+        raise ConfigError(
+            "model",
+            f"the model's output of shape {tuple(out.shape)} does not fit the labels of shape {tuple(y.shape)} "
+            f"(values up to {int(y.max()) if y.numel() else 0}): {e}",
+        ) from None
+
+
+def train(
+    model_fn: Callable[[], torch.nn.Module],
+    train_data,
+    test_data,
+    config: RunConfig | None = None,
+    *,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    runtime=None,
+    quiet: bool = False,
+    **settings: Any,
+) -> TrainResult:
+    """Train ``model_fn()`` on ``train_data`` with the strategy in ``config`` (Downpour by default).
+
+    Args:
+        model_fn: zero-argument factory of the ``nn.Module`` (picklable: it runs in every worker process).
+        train_data: a map-style ``torch.utils.data.Dataset`` of ``(input, label)``, or a picklable zero-argument
+            factory returning one (each worker then builds its own copy instead of receiving it).
+        test_data: a Dataset evaluated in the driver with the server's parameters.
+        config: a RunConfig; ``settings`` (any RunConfig field, e.g. ``replicas=4``) override it.
+        loss_fn: ``loss_fn(output, target)``; cross-entropy by default.
+        runtime: a Runtime instance, or the name of one (``"ray"``, ``"inprocess"``); by default
+            ``config.runtime``.
+        quiet: suppress progress output.
+
+    Returns:
+        TrainResult with the summary, metrics, final flat parameters and a model holding them.
+
+    Raises:
+        ConfigError: invalid settings, or a model/dataset mismatch, before any worker starts.
+        RemoteTimeoutError, RoleFailedError: a remote role timed out or failed beyond the restart policy.
+    """
+    if isinstance(runtime, str):  # runtime="inprocess" is a setting, not an instance
+        settings["runtime"], runtime = runtime, None
+    cfg = config_from(settings, config).validate()
+    loss_fn = loss_fn or F.cross_entropy
+    check_model_and_data(model_fn, train_data, loss_fn)
+    n_params = sum(p.numel() for p in model_fn().parameters())
+    if cfg.strategy != "sgd" and cfg.shards > n_params:
+        raise ConfigError("shards", f"{cfg.shards} shards for a model with only {n_params} parameters")
+
+    from distbelief.downpour.trainer import Job, ParameterServerTrainer
+
+    job = Job(cfg, model_fn, train_data, test_data, loss_fn, _resolve_threads(cfg))
+    recorder = RunRecorder(cfg.out or None, cfg.to_dict(), quiet=quiet)
+    if cfg.strategy == "sgd":
+        from distbelief.baselines import run_single_process
+
+        summary, flat = run_single_process(job, recorder)
+    else:
+        own_runtime = runtime is None
+        if own_runtime:
+            runtime = make_runtime(cfg)
+        try:
+            if hasattr(runtime, "check_capacity"):
+                runtime.check_capacity(cfg.replicas)
+            torch.set_num_threads(1)  # the driver only evaluates; leave the cores to the workers
+            trainer = ParameterServerTrainer(job, runtime, recorder)
+            summary = trainer.run()
+            flat = trainer.final_flat
+        finally:
+            if own_runtime:
+                runtime.shutdown()
+    model = model_fn()
+    from distbelief.ps.sharding import unflatten_into
+
+    unflatten_into(model, flat)
+    recorder.finish(summary, flat)
+    recorder.log(
+        f"done: {summary['stop_reason']}; final test accuracy {summary['final_test_accuracy']:.4f} "
+        f"(best {summary['best_test_accuracy']:.4f}) in {summary['wall_s']:.1f}s, "
+        f"{summary['examples_per_s']:,.0f} examples/s"
+        + (f"; run directory {recorder.out_dir}" if recorder.out_dir else "")
+    )
+    return TrainResult(summary, recorder.records, flat, model, recorder.out_dir)
+
+
+def make_runtime(cfg: RunConfig):
+    if cfg.runtime == "inprocess":
+        from distbelief.runtime.inprocess import InProcessRuntime
+
+        return InProcessRuntime()
+    from distbelief.runtime.ray_runtime import RayRuntime
+
+    return RayRuntime(address=cfg.address or None, remote_timeout_s=cfg.remote_timeout_s)
+
+
+def task_job(cfg: RunConfig):
+    """Model factory and data for a shipped task (used by the CLI and benchmarks)."""
+    from distbelief.data.tasks import TaskSpec, load_task, load_train
+    from distbelief.models import build_model
+
+    spec = TaskSpec(cfg.task, cfg.num_samples, cfg.num_classes, cfg.seed).resolved()
+    task = load_task(spec)  # generates and caches once, here, before any worker starts
+    model_fn = partial(build_model, cfg.model, task.input_shape, task.num_classes)
+    return model_fn, partial(load_train, spec), task.test
+
+
+def train_task(cfg: RunConfig, quiet: bool = False, runtime=None) -> TrainResult:
+    """Train a shipped task/model pair described entirely by ``cfg``."""
+    cfg = dataclasses.replace(cfg).validate()
+    model_fn, train_fn, test = task_job(cfg)
+    return train(model_fn, train_fn, test, cfg, quiet=quiet, runtime=runtime)

@@ -1,0 +1,104 @@
+"""Command line: ``distbelief train | plot``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+from distbelief.config import FIELD_HELP, RunConfig, config_from, load_toml
+from distbelief.exceptions import ClusterUnreachableError, ConfigError, DistBeliefError
+
+CHOICES = {
+    "task": ("mnist1d", "speech"),
+    "strategy": ("sgd", "sync", "downpour"),
+    "server_optimizer": ("sgd", "adagrad"),
+    "runtime": ("ray", "inprocess"),
+}
+
+
+def _add_train(sub) -> None:
+    p = sub.add_parser(
+        "train",
+        help="train a model (Downpour SGD by default)",
+        description="Train a shipped task/model with Downpour SGD, synchronous data parallelism or "
+        "single-process SGD. Settings come from --config (TOML) and are overridden by options.",
+    )
+    p.add_argument("--config", help="TOML file with settings (keys are the option names with underscores)")
+    defaults = RunConfig()
+    for f in fields(RunConfig):
+        flag = "--" + f.name.replace("_", "-")
+        help_text = FIELD_HELP.get(f.name, "") + f" [default: {getattr(defaults, f.name)!r}]"
+        if f.type in (bool, "bool"):
+            p.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
+                           help=FIELD_HELP.get(f.name, ""))
+        else:
+            # Values are parsed and validated by RunConfig so that errors name the setting consistently.
+            p.add_argument(flag, dest=f.name, default=None, metavar=f.name.upper(), help=help_text,
+                           choices=CHOICES.get(f.name))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="distbelief",
+        description="DistBelief for PyTorch: Downpour SGD on a sharded parameter server, on Ray.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_train(sub)
+    p = sub.add_parser("plot", help="overlay the accuracy-vs-time curves of run directories")
+    p.add_argument("runs", nargs="+", help="run directories (each with metrics.jsonl)")
+    p.add_argument("--out", required=True, help="PNG file to write")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    values = load_toml(args.config) if args.config else {}
+    for f in fields(RunConfig):
+        v = getattr(args, f.name, None)
+        if v is not None:
+            values[f.name] = v
+    cfg = config_from(values)
+    if not cfg.out:
+        from distbelief.metrics import default_run_dir
+
+        cfg.out = str(default_run_dir())
+    return cfg.validate()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "train":
+            cfg = config_from_args(args)
+            from distbelief.api import train_task
+
+            result = train_task(cfg)
+            print(f"final test accuracy {result.summary['final_test_accuracy']:.4f}; run directory {result.run_dir}")
+            return 0
+        if args.command == "plot":
+            from distbelief.metrics import plot_runs
+
+            for r in args.runs:
+                if not (Path(r) / "metrics.jsonl").is_file():
+                    raise ConfigError("runs", f"{r} is not a run directory (no metrics.jsonl)")
+            out = plot_runs(args.runs, args.out)
+            print(f"wrote {out}")
+            return 0
+    except ConfigError as e:
+        print(f"distbelief: error: {e}", file=sys.stderr)
+        return 2
+    except ClusterUnreachableError as e:
+        print(f"distbelief: error: {e}", file=sys.stderr)
+        return 3
+    except DistBeliefError as e:
+        print(f"distbelief: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("distbelief: interrupted", file=sys.stderr)
+        return 130
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

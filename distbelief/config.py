@@ -1,0 +1,203 @@
+"""The run configuration: one typed, validated dataclass; TOML files and command-line overrides map onto it.
+
+Every field is documented in ``FIELD_HELP`` (also the CLI's ``--help``). ``validate()`` raises ConfigError
+naming the field before any worker starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tomllib
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from distbelief.exceptions import ConfigError
+
+STRATEGIES = ("sgd", "sync", "downpour")
+SERVER_OPTIMIZERS = ("sgd", "adagrad")
+RUNTIMES = ("ray", "inprocess")
+
+
+@dataclass
+class RunConfig:
+    # what to train
+    task: str = "mnist1d"
+    model: str = "mlp"
+    num_samples: int = 40000
+    num_classes: int = 0
+    # how
+    strategy: str = "downpour"
+    replicas: int = 2
+    shards: int = 2
+    fetch_every: int = 1
+    push_every: int = 1
+    server_optimizer: str = "adagrad"
+    lr: float = 0.05
+    local_lr: float = 0.0
+    adagrad_eps: float = 1e-10
+    adagrad_initial_accumulator: float = 0.0
+    batch_size: int = 32
+    warmstart_steps: int = 0
+    overlap: bool = True
+    # when to stop
+    max_steps: int = 0
+    max_seconds: float = 60.0
+    target_accuracy: float = 0.0
+    eval_every_seconds: float = 2.0
+    # where and how to run
+    seed: int = 0
+    out: str = ""
+    address: str = ""
+    runtime: str = "ray"
+    threads: int = 0
+    max_replica_restarts: int = 3
+    remote_timeout_s: float = 120.0
+    # fault injection (testing and demos): kill replica `kill_replica_id` after `kill_replica_after_s` seconds
+    kill_replica_after_s: float = 0.0
+    kill_replica_id: int = 0
+
+    def validate(self) -> "RunConfig":
+        from distbelief.data.tasks import TASKS
+        from distbelief.models import MODELS
+
+        def choose(name, value, options):
+            if value not in options:
+                raise ConfigError(name, f"unknown value {value!r}; choose one of: {', '.join(options)}")
+
+        def positive(name, minimum=1):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or v < minimum or not math.isfinite(v):
+                raise ConfigError(name, f"must be >= {minimum}, got {v!r}")
+
+        choose("task", self.task, TASKS)
+        choose("model", self.model, MODELS)
+        choose("strategy", self.strategy, STRATEGIES)
+        choose("server_optimizer", self.server_optimizer, SERVER_OPTIMIZERS)
+        choose("runtime", self.runtime, RUNTIMES)
+        for name in ("replicas", "shards", "fetch_every", "push_every", "batch_size"):
+            positive(name)
+        positive("num_samples", 20)
+        for name in ("warmstart_steps", "max_steps", "threads", "max_replica_restarts", "num_classes"):
+            positive(name, 0)
+        for name in ("max_seconds", "target_accuracy", "local_lr", "adagrad_initial_accumulator",
+                     "kill_replica_after_s"):
+            positive(name, 0)
+        for name in ("lr", "eval_every_seconds", "remote_timeout_s", "adagrad_eps"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise ConfigError(name, f"must be > 0, got {v!r}")
+        if self.target_accuracy > 1:
+            raise ConfigError("target_accuracy", f"is a fraction in [0, 1], got {self.target_accuracy}")
+        if self.max_steps == 0 and self.max_seconds == 0 and self.target_accuracy == 0:
+            raise ConfigError("max_seconds", "no stop condition: set max_seconds, max_steps or target_accuracy")
+        if self.task == "mnist1d" and self.num_classes not in (0, 10):
+            raise ConfigError("num_classes", "mnist1d has 10 classes; leave num_classes at 0")
+        if self.task == "speech" and not 0 <= self.num_classes <= 8192:
+            raise ConfigError("num_classes", f"speech supports up to 8192 classes, got {self.num_classes}")
+        if self.strategy == "sgd" and self.replicas != 1:
+            # sgd is one process by definition; the replica count is not used.
+            self.replicas = 1
+        if self.kill_replica_after_s and not 0 <= self.kill_replica_id < self.replicas:
+            raise ConfigError("kill_replica_id", f"must name a replica in [0, {self.replicas}), got "
+                                                 f"{self.kill_replica_id}")
+        if self.address and self.runtime != "ray":
+            raise ConfigError("address", "--address needs the ray runtime (runtime = \"ray\")")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+FIELD_HELP: dict[str, str] = {
+    "task": "dataset: mnist1d (MNIST-1D, generated offline) or speech (paper-shaped synthetic frames)",
+    "model": "model name: mlp, mlp-small, cnn, speech-tiny, speech-small, speech-medium, speech-paper",
+    "num_samples": "examples generated for the task (train + test; 20%% test)",
+    "num_classes": "speech only: number of classes (0 = 256; the paper used 8192)",
+    "strategy": "sgd (one process, plain torch loop), sync (synchronous data parallel), downpour (async)",
+    "replicas": "number of model replicas (data-parallel workers)",
+    "shards": "number of parameter-server shards",
+    "fetch_every": "n_fetch: fetch parameters every N steps",
+    "push_every": "n_push: push the accumulated gradient every N steps",
+    "server_optimizer": "update rule on the shards: sgd (fixed rate) or adagrad (the paper's)",
+    "lr": "server learning rate (gamma for adagrad, eta for sgd); also the rate of --strategy sgd",
+    "local_lr": "alpha: the replica's local step between fetches (0 = none, as in the paper's experiments)",
+    "adagrad_eps": "epsilon added to sqrt(sum g^2) (not in the paper)",
+    "adagrad_initial_accumulator": "initial value of adagrad's sum of squared gradients",
+    "batch_size": "minibatch size per replica step",
+    "warmstart_steps": "steps one replica trains alone before the others join",
+    "overlap": "prefetch the next parameters while computing (one step staler, faster)",
+    "max_steps": "stop after this many steps per replica (0 = no limit)",
+    "max_seconds": "stop after this many seconds of training (0 = no limit)",
+    "target_accuracy": "stop when test accuracy reaches this fraction (0 = never)",
+    "eval_every_seconds": "evaluate the server's parameters on the test set every T seconds",
+    "seed": "random seed (model init, data order, data generation)",
+    "out": "run directory (default runs/<timestamp>)",
+    "address": "HOST:PORT of an existing Ray cluster (default: start a local Ray)",
+    "runtime": "ray (one process per role) or inprocess (threads; for tests and debugging)",
+    "threads": "torch threads per worker process (0 = cores / replicas)",
+    "max_replica_restarts": "how many times a dead replica is restarted before the run goes on without it",
+    "remote_timeout_s": "how long any remote call may take before the run fails with a timeout",
+    "kill_replica_after_s": "fault injection: kill a replica this many seconds into training (0 = never)",
+    "kill_replica_id": "fault injection: which replica to kill",
+}
+
+
+def _coerce(name: str, typ, raw: Any) -> Any:
+    try:
+        if typ in (bool, "bool"):
+            if isinstance(raw, bool):
+                return raw
+            s = str(raw).lower()
+            if s in ("1", "true", "yes", "on"):
+                return True
+            if s in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(raw)
+        if typ in (int, "int"):
+            if isinstance(raw, float) and not raw.is_integer():
+                raise ValueError(raw)
+            if isinstance(raw, bool):
+                raise ValueError(raw)
+            return int(raw)
+        if typ in (float, "float"):
+            if isinstance(raw, bool):
+                raise ValueError(raw)
+            return float(raw)
+        return str(raw)
+    except (TypeError, ValueError):
+        tname = getattr(typ, "__name__", typ)
+        raise ConfigError(name, f"expected {tname}, got {raw!r}") from None
+
+
+def config_from(values: dict[str, Any], base: RunConfig | None = None) -> RunConfig:
+    """A config from ``base`` (defaults if None) with ``values`` applied; unknown keys are errors."""
+    known = {f.name: f for f in fields(RunConfig)}
+    cfg = dataclasses.replace(base) if base is not None else RunConfig()
+    for key, raw in values.items():
+        name = key.replace("-", "_")
+        if name not in known:
+            close = [k for k in known if k.startswith(name[:4])]
+            hint = f" (did you mean {', '.join(close)}?)" if close else ""
+            raise ConfigError(name, f"unknown setting{hint}")
+        setattr(cfg, name, _coerce(name, known[name].type, raw))
+    return cfg
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    """Read a TOML config; tables (e.g. ``[downpour]``) are flattened into the one namespace."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError("config", f"no such file: {p}")
+    try:
+        data = tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError("config", f"{p} is not valid TOML: {e}") from None
+    flat: dict[str, Any] = {}
+    for k, v in data.items():
+        if isinstance(v, dict):
+            flat.update(v)
+        else:
+            flat[k] = v
+    return flat

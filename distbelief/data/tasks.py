@@ -1,0 +1,154 @@
+"""Tasks shipped with distbelief, all generated offline and cached on disk as .npy files (no pickles).
+
+- ``mnist1d``: the MNIST-1D benchmark (Greydanus 2020) from the ``mnist1d`` package's procedural generator.
+- ``speech``: paper-shaped synthetic acoustic frames: 11 frames x 40 log-energies = 440 inputs, up to 8192
+  classes. Inputs are temporally correlated Gaussian frames; labels are the argmax of a fixed random teacher
+  network plus Gumbel noise, so the Bayes accuracy is below 100% and a student has to learn a non-linear rule.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import TensorDataset
+
+TASKS = ("mnist1d", "speech")
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """Everything that determines a task's data; equal specs give identical data."""
+
+    name: str = "mnist1d"
+    num_samples: int = 10000  # train + test
+    num_classes: int = 0  # speech only (0 = task default)
+    seed: int = 0
+    test_fraction: float = 0.2
+
+    def resolved(self) -> "TaskSpec":
+        if self.name == "speech" and self.num_classes == 0:
+            return TaskSpec(self.name, self.num_samples, 256, self.seed, self.test_fraction)
+        if self.name == "mnist1d":
+            return TaskSpec(self.name, self.num_samples, 10, self.seed, self.test_fraction)
+        return self
+
+
+@dataclass
+class Task:
+    spec: TaskSpec
+    train: TensorDataset
+    test: TensorDataset
+    input_shape: tuple[int, ...]
+    num_classes: int
+
+
+def cache_dir() -> Path:
+    d = Path(os.environ.get("DISTBELIEF_CACHE", Path.home() / ".cache" / "distbelief"))
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def _key(spec: TaskSpec) -> str:
+    return hashlib.sha256(json.dumps(asdict(spec), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _cached(spec: TaskSpec, make) -> dict[str, np.ndarray]:
+    path = cache_dir() / f"{spec.name}-{_key(spec)}"
+    names = ("x", "y", "x_test", "y_test")
+    if all((path / f"{n}.npy").exists() for n in names):
+        try:
+            return {n: np.load(path / f"{n}.npy", mmap_mode="r", allow_pickle=False) for n in names}
+        except (ValueError, OSError):
+            pass  # a torn cache entry: rebuild it below
+    arrays = make(spec)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    for n in names:
+        np.save(tmp / f"{n}.npy", np.ascontiguousarray(arrays[n]), allow_pickle=False)
+    try:
+        os.rename(tmp, path)  # atomic publish; a concurrent builder may have won the race
+    except OSError:
+        for f in tmp.iterdir():
+            f.unlink()
+        tmp.rmdir()
+    return {n: np.load(path / f"{n}.npy", mmap_mode="r", allow_pickle=False) for n in names}
+
+
+def _make_mnist1d(spec: TaskSpec) -> dict[str, np.ndarray]:
+    from mnist1d.data import get_dataset_args, make_dataset
+
+    args = get_dataset_args()
+    args.num_samples = spec.num_samples
+    args.seed = spec.seed
+    args.train_split = 1.0 - spec.test_fraction
+    d = make_dataset(args)
+    return {
+        "x": d["x"].astype(np.float32),
+        "y": d["y"].astype(np.int64),
+        "x_test": d["x_test"].astype(np.float32),
+        "y_test": d["y_test"].astype(np.int64),
+    }
+
+
+SPEECH_FRAMES, SPEECH_BANDS = 11, 40
+
+
+def _make_speech(spec: TaskSpec) -> dict[str, np.ndarray]:
+    """Synthetic frames labelled by a random teacher. Generated in chunks to bound memory."""
+    g = torch.Generator().manual_seed(spec.seed)
+    d_in, hidden, classes = SPEECH_FRAMES * SPEECH_BANDS, 256, spec.num_classes
+    w1 = torch.randn(d_in, hidden, generator=g) / d_in**0.5
+    w2 = torch.randn(hidden, hidden, generator=g) / hidden**0.5
+    w3 = torch.randn(hidden, classes, generator=g) / hidden**0.5
+
+    def frames(n: int) -> torch.Tensor:
+        # AR(1) over the 11 frames: neighbouring frames are correlated, as in real spectrograms.
+        x = torch.empty(n, SPEECH_FRAMES, SPEECH_BANDS)
+        x[:, 0] = torch.randn(n, SPEECH_BANDS, generator=g)
+        for t in range(1, SPEECH_FRAMES):
+            x[:, t] = 0.8 * x[:, t - 1] + 0.6 * torch.randn(n, SPEECH_BANDS, generator=g)
+        return x.reshape(n, d_in)
+
+    def logits(x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(torch.tanh(x @ w1) @ w2) @ w3
+
+    # Balance the classes: centre and scale each teacher logit on a calibration sample.
+    calib = logits(frames(4096))
+    mu, sd = calib.mean(0), calib.std(0) + 1e-6
+    xs, ys = [], []
+    for start in range(0, spec.num_samples, 8192):
+        n = min(8192, spec.num_samples - start)
+        x = frames(n)
+        z = (logits(x) - mu) / sd
+        gumbel = -torch.log(-torch.log(torch.rand(n, classes, generator=g).clamp_min(1e-12)))
+        ys.append(torch.argmax(3.0 * z + gumbel, dim=1))
+        xs.append(x)
+    x, y = torch.cat(xs).numpy().astype(np.float32), torch.cat(ys).numpy().astype(np.int64)
+    split = int(round(spec.num_samples * (1.0 - spec.test_fraction)))
+    return {"x": x[:split], "y": y[:split], "x_test": x[split:], "y_test": y[split:]}
+
+
+_MAKERS = {"mnist1d": _make_mnist1d, "speech": _make_speech}
+
+
+def load_task(spec: TaskSpec) -> Task:
+    """Generate (first time) or load from the cache the task's train and test sets."""
+    spec = spec.resolved()
+    if spec.name not in _MAKERS:
+        raise ValueError(f"unknown task {spec.name!r}; choose one of {', '.join(TASKS)}")
+    a = _cached(spec, _MAKERS[spec.name])
+    # torch.from_numpy on a read-only mmap would warn; the copy is cheap next to training.
+    train = TensorDataset(torch.from_numpy(np.array(a["x"])), torch.from_numpy(np.array(a["y"])))
+    test = TensorDataset(torch.from_numpy(np.array(a["x_test"])), torch.from_numpy(np.array(a["y_test"])))
+    return Task(spec, train, test, tuple(train.tensors[0].shape[1:]), spec.num_classes)
+
+
+def load_train(spec: TaskSpec) -> TensorDataset:
+    """Picklable dataset factory for workers: each process loads the cached data itself."""
+    return load_task(spec).train

@@ -1,0 +1,182 @@
+"""ModelReplica: the paper's Downpour client loop (PAPER.md §2, appendix).
+
+    step = 0; accrued = 0
+    loop:
+      if step % n_fetch == 0: fetch parameters        (issued one step early when ``overlap``)
+      g = gradient(parameters, minibatch)
+      accrued += g;  parameters -= alpha * g            (local step between fetches)
+      after every n_push gradients: push(accrued) asynchronously; accrued = 0
+
+Fetch and push are asynchronous handles from a ShardClient (the runtime supplies it): a push is in flight while
+the next gradient is computed, and with ``overlap`` the next fetch is too, so the replica's compute never waits
+for a round trip unless the network is slower than a step. At most one push is in flight (back-pressure).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from distbelief.data.batches import BatchSource
+from distbelief.ps.sharding import bind_flat
+
+
+@dataclass(frozen=True)
+class ReplicaSettings:
+    fetch_every: int = 1
+    push_every: int = 1
+    local_lr: float = 0.0
+    overlap: bool = True
+    remote_timeout_s: float = 120.0
+
+
+class ReplicaKilled(RuntimeError):
+    """Raised inside a replica whose death was injected (in-process runtime only)."""
+
+
+class ModelReplica:
+    """One model replica: a copy of the model, a data subset, and the fetch/compute/push loop.
+
+    Thread-safety: ``run`` executes in one thread; ``stop``, ``stats`` and ``kill`` may be called from another.
+    """
+
+    def __init__(
+        self,
+        replica_id: int,
+        model: torch.nn.Module,
+        batches: BatchSource,
+        client,
+        settings: ReplicaSettings,
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    ):
+        self.replica_id = replica_id
+        self.model = model
+        self.batches = batches
+        self.client = client
+        self.settings = settings
+        self.loss_fn = loss_fn
+        self.flat, self.grads = bind_flat(model)  # parameters and .grad are views into these
+        self.accrued = torch.zeros_like(self.grads)
+        self._stop = threading.Event()
+        self._killed = False
+        self.steps = 0
+        self.examples = 0
+        self.pushes = 0
+        self.loss_ema = math.nan
+        self.compute_s = 0.0
+        self.wait_s = 0.0
+
+    # -- control (callable from another thread) --
+    def stop(self) -> None:
+        self._stop.set()
+
+    def kill(self) -> None:
+        self._killed = True
+
+    def stats(self) -> dict:
+        return {
+            "replica_id": self.replica_id,
+            "steps": self.steps,
+            "examples": self.examples,
+            "pushes": self.pushes,
+            "loss_ema": self.loss_ema,
+            "compute_s": self.compute_s,
+            "wait_s": self.wait_s,
+        }
+
+    # -- the client loop --
+    def _load(self, fetched) -> list[int]:
+        t0 = time.perf_counter()
+        parts, versions = fetched.result(self.settings.remote_timeout_s)
+        for lo, values in parts:
+            self.flat[lo : lo + len(values)].copy_(torch.as_tensor(values))
+        self.wait_s += time.perf_counter() - t0
+        return versions
+
+    def gradient(self, x: torch.Tensor, y: torch.Tensor) -> float:
+        """Compute the minibatch gradient into ``self.grads``; returns the loss."""
+        self.grads.zero_()
+        loss = self.loss_fn(self.model(x), y)
+        loss.backward()
+        return loss.item()
+
+    def run(self, max_steps: int | None = None, max_seconds: float | None = None) -> dict:
+        s = self.settings
+        deadline = math.inf if max_seconds is None else time.monotonic() + max_seconds
+        limit = math.inf if max_steps is None else max_steps
+        self._stop.clear()
+        pending_fetch = None
+        pending_push = None
+        versions: list[int] | None = None
+        acc_versions: list[int] | None = None
+        acc_count = acc_examples = 0
+        local_step = 0
+        while local_step < limit and not self._stop.is_set() and time.monotonic() < deadline:
+            if self._killed:
+                raise ReplicaKilled(f"replica {self.replica_id} was killed (fault injection)")
+            if local_step % s.fetch_every == 0:
+                if pending_fetch is None:
+                    pending_fetch = self.client.fetch_async()
+                versions = self._load(pending_fetch)
+                pending_fetch = None
+            if s.overlap and (local_step + 1) % s.fetch_every == 0 and local_step + 1 < limit:
+                pending_fetch = self.client.fetch_async()  # the next parameters travel while we compute
+
+            t0 = time.perf_counter()
+            x, y = self.batches.next_batch()
+            loss = self.gradient(x, y)
+            if acc_count == 0:
+                acc_versions = versions
+                # With push_every == 1 the gradient buffer itself is pushed (the client copies before returning).
+                if s.push_every > 1:
+                    self.accrued.copy_(self.grads)
+            else:
+                self.accrued.add_(self.grads)
+            acc_count += 1
+            acc_examples += len(y)
+            if s.local_lr:
+                self.flat.add_(self.grads, alpha=-s.local_lr)
+            self.compute_s += time.perf_counter() - t0
+
+            if acc_count == s.push_every:
+                pending_push = self._push(pending_push, acc_versions, acc_examples)
+                acc_count = acc_examples = 0
+            local_step += 1
+            self.steps += 1
+            self.examples += len(y)
+            self.loss_ema = loss if math.isnan(self.loss_ema) else 0.9 * self.loss_ema + 0.1 * loss
+        if acc_count:
+            pending_push = self._push(pending_push, acc_versions, acc_examples)
+        if pending_push is not None:
+            pending_push.result(s.remote_timeout_s)
+        if pending_fetch is not None:
+            pending_fetch.result(s.remote_timeout_s)
+        return self.stats()
+
+    def _push(self, previous, versions, num_examples):
+        t0 = time.perf_counter()
+        if previous is not None:
+            previous.result(self.settings.remote_timeout_s)
+        self.wait_s += time.perf_counter() - t0
+        buf = self.grads if self.settings.push_every == 1 else self.accrued
+        handle = self.client.push_async(buf, versions, num_examples)
+        self.pushes += 1
+        return handle
+
+    # -- synchronous data parallelism (one step, driven by the trainer) --
+    def sync_step(self):
+        """Fetch the current parameters, compute one minibatch gradient, return it (a float32 numpy array)."""
+        self._load(self.client.fetch_async())
+        x, y = self.batches.next_batch()
+        t0 = time.perf_counter()
+        loss = self.gradient(x, y)
+        self.compute_s += time.perf_counter() - t0
+        self.steps += 1
+        self.examples += len(y)
+        self.loss_ema = loss if math.isnan(self.loss_ema) else 0.9 * self.loss_ema + 0.1 * loss
+        return self.grads.numpy().copy()

@@ -1,0 +1,399 @@
+"""The Downpour driver (and the synchronous data-parallel baseline on the same shards and replicas).
+
+The trainer starts the roles through a Runtime, runs warmstart, evaluates the *server's* parameters on a
+wall-clock cadence, enforces the stop conditions, and restarts failed replicas (bounded, by RestartPolicy).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Callable
+
+import torch
+from torch.utils.data import Dataset
+
+from distbelief.data.batches import BatchSource, replica_indices
+from distbelief.downpour.replica import ModelReplica, ReplicaSettings
+from distbelief.evaluation import evaluate
+from distbelief.exceptions import DistBeliefError, RemoteTimeoutError, RoleFailedError
+from distbelief.metrics import Clock, RunRecorder
+from distbelief.policies import Decision, RestartPolicy
+from distbelief.ps.optimizers import make_server_optimizer
+from distbelief.ps.shard import ParameterShard
+from distbelief.ps.sharding import ShardLayout, flatten, unflatten_into
+from distbelief.runtime.base import Future, Role, Runtime
+
+
+def materialize(data) -> Dataset:
+    """A Dataset from a Dataset or from a zero-argument factory returning one."""
+    if isinstance(data, Dataset) or not callable(data):
+        return data
+    return data()
+
+
+@dataclass
+class ReplicaRecipe:
+    """Builds a ModelReplica where it will live (picklable: it travels to the replica's process)."""
+
+    replica_id: int
+    num_replicas: int
+    model_fn: Callable[[], torch.nn.Module]
+    train_data: Any
+    batch_size: int
+    seed: int
+    settings: ReplicaSettings
+    loss_fn: Callable
+
+    def __call__(self, client) -> ModelReplica:
+        ds = materialize(self.train_data)
+        torch.manual_seed(self.seed + 1009 * (self.replica_id + 1))
+        model = self.model_fn()
+        idx = replica_indices(len(ds), self.num_replicas, self.replica_id, self.seed)
+        batches = BatchSource(ds, idx, self.batch_size, seed=self.seed * 7919 + self.replica_id)
+        return ModelReplica(self.replica_id, model, batches, client, self.settings, self.loss_fn)
+
+
+@dataclass
+class _ReplicaState:
+    role: Role
+    future: Future | None = None
+    restarts: int = 0
+    steps: int = 0  # steps done by earlier incarnations plus the last polled count of this one
+    base_steps: int = 0
+    phase_base: int = 0  # steps done before the current phase (warmstart, then everyone)
+    alive: bool = True
+    finished: bool = False
+    last_stats: dict = field(default_factory=dict)
+
+
+@dataclass
+class Job:
+    """What to train and how: the resolved config plus the user's model factory, data and loss."""
+
+    cfg: Any  # RunConfig
+    model_fn: Callable[[], torch.nn.Module]
+    train_data: Any  # Dataset or zero-arg factory
+    test_data: Dataset
+    loss_fn: Callable
+    threads: int
+
+
+class ParameterServerTrainer:
+    """Runs ``downpour`` or ``sync`` over a Runtime. One instance per run."""
+
+    def __init__(self, job: Job, runtime: Runtime, recorder: RunRecorder):
+        self.job, self.runtime, self.rec = job, runtime, recorder
+        cfg = job.cfg
+        self.cfg = cfg
+        self.policy = RestartPolicy(max_restarts=cfg.max_replica_restarts)
+        self.timeout_s = cfg.remote_timeout_s
+        torch.manual_seed(cfg.seed)
+        self.eval_model = job.model_fn()
+        init = flatten(self.eval_model)
+        self.total = init.numel()
+        self.layout = ShardLayout.balanced(self.total, cfg.shards)
+        opt = make_server_optimizer(cfg.server_optimizer, cfg.lr, cfg.adagrad_eps, cfg.adagrad_initial_accumulator)
+        self.shards: list[Role] = []
+        for k in range(cfg.shards):
+            lo, hi = self.layout.range(k)
+            self.shards.append(runtime.create_shard(
+                k, partial(ParameterShard, k, lo, hi, init[lo:hi].numpy(), opt, self.total)))
+        self.client = runtime.shard_client(self.shards, self.layout)
+        self.settings = ReplicaSettings(
+            fetch_every=cfg.fetch_every, push_every=cfg.push_every, local_lr=cfg.local_lr,
+            overlap=cfg.overlap, remote_timeout_s=cfg.remote_timeout_s,
+        )
+        self.replicas: dict[int, _ReplicaState] = {}
+        self.clock: Clock | None = None
+        self.best_acc = -1.0
+        self.time_to_target: float | None = None
+        self.stop_reason = ""
+        self.examples_sync = 0
+        self.replica_restarts = 0
+        self.replicas_lost = 0
+        self._killed_once = False
+
+    # ---------------------------------------------------------------- roles
+    def _recipe(self, rid: int) -> ReplicaRecipe:
+        j = self.job
+        return ReplicaRecipe(rid, self.cfg.replicas, j.model_fn, j.train_data, self.cfg.batch_size, self.cfg.seed,
+                             self.settings, j.loss_fn)
+
+    def _start_replica(self, rid: int) -> Role:
+        role = self.runtime.create_replica(rid, self._recipe(rid), self.shards, self.layout, self.job.threads)
+        # A replica that cannot even be built (bad model, bad data) fails here, with its own error.
+        self.runtime.call(role, "stats").result(max(self.timeout_s, 180.0))
+        return role
+
+    def _wait_shards_ready(self) -> None:
+        for s in self.shards:
+            self.runtime.call(s, "stats").result(max(self.timeout_s, 180.0))
+
+    # ---------------------------------------------------------------- evaluation and metrics
+    def server_params(self) -> torch.Tensor:
+        parts, _ = self.client.fetch_async().result(self.timeout_s)
+        flat = torch.empty(self.total, dtype=torch.float32)
+        for lo, values in parts:
+            flat[lo : lo + len(values)].copy_(torch.as_tensor(values))
+        return flat
+
+    def shard_stats(self) -> list[dict]:
+        futs = [self.runtime.call(s, "stats") for s in self.shards]
+        return [f.result(self.timeout_s) for f in futs]
+
+    def _poll_replicas(self) -> None:
+        futs = {rid: self.runtime.call(st.role, "stats") for rid, st in self.replicas.items() if st.alive}
+        for rid, f in futs.items():
+            try:
+                s = f.result(min(10.0, self.timeout_s))
+            except (RoleFailedError, RemoteTimeoutError):
+                continue
+            st = self.replicas[rid]
+            st.last_stats = s
+            st.steps = st.base_steps + s["steps"]
+
+    def evaluate_now(self) -> dict:
+        wall = self.clock.elapsed()
+        flat = self.server_params()
+        unflatten_into(self.eval_model, flat)
+        acc, test_loss = evaluate(self.eval_model, self.job.test_data, self.job.loss_fn)
+        stats = self.shard_stats()
+        self._poll_replicas()
+        losses = [st.last_stats.get("loss_ema") for st in self.replicas.values() if st.last_stats]
+        losses = [x for x in losses if x is not None and math.isfinite(x)]
+        count = sum(s["staleness_count"] for s in stats)
+        examples = self.examples_sync if self.cfg.strategy == "sync" else max(s["examples"] for s in stats)
+        rec = {
+            "wall_s": round(wall, 3),
+            "updates": sum(s["updates"] for s in stats),
+            "updates_per_shard": [s["updates"] for s in stats],
+            "examples": examples,
+            "examples_per_s": examples / wall if wall > 0 else 0.0,
+            "train_loss": sum(losses) / len(losses) if losses else None,
+            "test_accuracy": acc,
+            "test_loss": test_loss,
+            "staleness_mean": sum(s["staleness_sum"] for s in stats) / count if count else 0.0,
+            "staleness_max": max(s["staleness_max"] for s in stats),
+            "rejected_pushes": sum(s["rejected_pushes"] for s in stats),
+            "replicas_alive": sum(st.alive for st in self.replicas.values()),
+        }
+        self.rec.record(rec)
+        self.best_acc = max(self.best_acc, acc)
+        if self.cfg.target_accuracy and acc >= self.cfg.target_accuracy and self.time_to_target is None:
+            self.time_to_target = wall
+        return rec
+
+    # ---------------------------------------------------------------- stop conditions
+    def _time_left(self) -> float:
+        if not self.cfg.max_seconds:
+            return math.inf
+        return self.cfg.max_seconds - self.clock.elapsed()
+
+    def _should_stop(self) -> bool:
+        if self.time_to_target is not None:
+            self.stop_reason = self.stop_reason or "target accuracy reached"
+            return True
+        if self._time_left() <= 0:
+            self.stop_reason = self.stop_reason or "time budget spent"
+            return True
+        return False
+
+    # ---------------------------------------------------------------- Downpour
+    def _run_replica(self, rid: int, max_steps: int | None) -> None:
+        st = self.replicas[rid]
+        left = self._time_left()
+        st.future = self.runtime.call(st.role, "run", max_steps, None if math.isinf(left) else max(0.0, left))
+        st.finished = False
+
+    def _handle_failure(self, rid: int, err: Exception, max_steps: int | None) -> None:
+        st = self.replicas[rid]
+        decision = self.policy.decide(st.restarts)
+        self.rec.log(f"replica {rid} failed ({err}); decision: {decision.value}")
+        try:
+            self.runtime.kill(st.role)
+        except Exception:  # noqa: BLE001 - it is already dead
+            pass
+        if decision is Decision.DROP or self._should_stop():
+            st.alive, st.future = False, None
+            if decision is Decision.DROP:
+                self.replicas_lost += 1
+                alive = sum(s.alive for s in self.replicas.values())
+                self.rec.log(f"replica {rid} exhausted its {self.policy.max_restarts} restarts; "
+                             f"continuing with {alive} replicas")
+            return
+        time.sleep(self.policy.backoff(st.restarts))
+        st.restarts += 1
+        self.replica_restarts += 1
+        st.base_steps = st.steps
+        st.role = self._start_replica(rid)
+        remaining = None if max_steps is None else max(0, max_steps - (st.steps - st.phase_base))
+        self._run_replica(rid, remaining)
+        self.rec.log(f"replica {rid} restarted (restart {st.restarts}/{self.policy.max_restarts}); "
+                     f"it rejoins from the server's parameters")
+
+    def _supervise(self, rids: list[int], max_steps: int | None, next_eval: float) -> float:
+        """Run replicas ``rids`` to completion (or stop), evaluating on the cadence. Returns the next eval time."""
+        for rid in rids:
+            self.replicas[rid].phase_base = self.replicas[rid].steps
+            self._run_replica(rid, max_steps)
+        stopping_since: float | None = None
+        while True:
+            pending = {rid: st for rid, st in self.replicas.items() if rid in rids and st.alive and not st.finished}
+            if not pending:
+                return next_eval
+            wait = max(0.0, min(next_eval - self.clock.elapsed(), 0.5))
+            done = self.runtime.wait_any([st.future for st in pending.values()], wait)
+            for rid, st in pending.items():
+                if st.future in done:
+                    try:
+                        s = st.future.result(self.timeout_s)
+                        st.last_stats, st.steps, st.finished = s, st.base_steps + s["steps"], True
+                    except (RoleFailedError, RemoteTimeoutError) as e:
+                        self._handle_failure(rid, e, max_steps)
+            self._maybe_inject_fault()
+            if self.clock.elapsed() >= next_eval:
+                self.evaluate_now()
+                next_eval = self.clock.elapsed() + self.cfg.eval_every_seconds
+            if stopping_since is None and self._should_stop():
+                stopping_since = time.monotonic()
+                for st in self.replicas.values():
+                    if st.alive:
+                        self.runtime.call(st.role, "stop")
+            if stopping_since is not None and time.monotonic() - stopping_since > self.timeout_s:
+                raise RemoteTimeoutError(
+                    f"replicas did not stop within {self.timeout_s:.0f}s of being asked (remote_timeout_s)")
+
+    def _maybe_inject_fault(self) -> None:
+        cfg = self.cfg
+        if cfg.kill_replica_after_s and not self._killed_once and self.clock.elapsed() >= cfg.kill_replica_after_s:
+            st = self.replicas.get(cfg.kill_replica_id)
+            if st is not None and st.alive and not st.finished:
+                self._killed_once = True
+                self.rec.log(f"fault injection: killing replica {cfg.kill_replica_id}")
+                self.runtime.kill(st.role)
+
+    def run_downpour(self) -> None:
+        cfg = self.cfg
+        max_steps = cfg.max_steps or None
+        self._wait_shards_ready()
+        self.rec.log(f"starting {cfg.replicas} replicas x {cfg.shards} shards on the {self.runtime.name} runtime "
+                     f"({self.total:,} parameters)")
+        for rid in range(cfg.replicas):
+            self.replicas[rid] = _ReplicaState(role=self._start_replica(rid))
+        self.clock = Clock()
+        next_eval = cfg.eval_every_seconds
+        if cfg.warmstart_steps and cfg.replicas > 1:
+            self.rec.log(f"warmstart: replica 0 trains alone for {cfg.warmstart_steps} steps")
+            next_eval = self._supervise([0], cfg.warmstart_steps, next_eval)
+            self.replicas[0].finished = False
+            if self._should_stop():
+                return
+        self._supervise(list(range(cfg.replicas)), max_steps, next_eval)
+
+    # ---------------------------------------------------------------- synchronous data parallel
+    def run_sync(self) -> None:
+        cfg = self.cfg
+        self._wait_shards_ready()
+        self.rec.log(f"starting {cfg.replicas} synchronous replicas x {cfg.shards} shards on the "
+                     f"{self.runtime.name} runtime ({self.total:,} parameters)")
+        for rid in range(cfg.replicas):
+            self.replicas[rid] = _ReplicaState(role=self._start_replica(rid))
+        self.clock = Clock()
+        next_eval = cfg.eval_every_seconds
+        step = 0
+        while not (cfg.max_steps and step >= cfg.max_steps):
+            live = [rid for rid, st in self.replicas.items() if st.alive]
+            if not live:
+                raise DistBeliefError("every replica failed and none could be restarted")
+            futs = {rid: self.runtime.call(self.replicas[rid].role, "sync_step") for rid in live}
+            grads = []
+            for rid, f in futs.items():
+                try:
+                    f.result(self.timeout_s)
+                    grads.append(f.as_arg())
+                except (RoleFailedError, RemoteTimeoutError) as e:
+                    self._handle_sync_failure(rid, e)
+            self._maybe_inject_fault()
+            if grads:
+                done = [self.runtime.call(s, "apply_mean", *grads) for s in self.shards]
+                for d in done:
+                    d.result(self.timeout_s)
+                self.examples_sync += cfg.batch_size * len(grads)
+                step += 1
+            if self.clock.elapsed() >= next_eval:
+                self.clock.pause()  # synchronous training stops while we evaluate: don't count it
+                self.evaluate_now()
+                self.clock.resume()
+                next_eval = self.clock.elapsed() + cfg.eval_every_seconds
+            if self._should_stop():
+                break
+        for st in self.replicas.values():
+            st.steps = step
+
+    def _handle_sync_failure(self, rid: int, err: Exception) -> None:
+        st = self.replicas[rid]
+        decision = self.policy.decide(st.restarts)
+        self.rec.log(f"replica {rid} failed ({err}); decision: {decision.value}")
+        try:
+            self.runtime.kill(st.role)
+        except Exception:  # noqa: BLE001
+            pass
+        if decision is Decision.DROP:
+            st.alive = False
+            self.replicas_lost += 1
+            return
+        time.sleep(self.policy.backoff(st.restarts))
+        st.restarts += 1
+        self.replica_restarts += 1
+        st.role = self._start_replica(rid)
+
+    # ---------------------------------------------------------------- the whole run
+    def run(self) -> dict:
+        cfg = self.cfg
+        try:
+            if cfg.strategy == "sync":
+                self.run_sync()
+            else:
+                self.run_downpour()
+            if not self.stop_reason:
+                self.stop_reason = "step limit reached"
+            wall = self.clock.elapsed()
+            final = self.evaluate_now()
+            flat = self.server_params()
+            stats = self.shard_stats()
+        finally:
+            for st in self.replicas.values():
+                try:
+                    self.runtime.kill(st.role)
+                except Exception:  # noqa: BLE001
+                    pass
+        count = sum(s["staleness_count"] for s in stats)
+        summary = {
+            "strategy": cfg.strategy,
+            "runtime": self.runtime.name,
+            "replicas": cfg.replicas,
+            "shards": cfg.shards,
+            "server_optimizer": cfg.server_optimizer,
+            "num_parameters": self.total,
+            "final_test_accuracy": final["test_accuracy"],
+            "best_test_accuracy": max(self.best_acc, final["test_accuracy"]),
+            "target_accuracy": cfg.target_accuracy or None,
+            "time_to_target_s": self.time_to_target,
+            "examples": final["examples"],
+            "examples_per_s": final["examples"] / wall if wall > 0 else 0.0,
+            "updates": sum(s["updates"] for s in stats),
+            "updates_per_shard": [s["updates"] for s in stats],
+            "steps_per_replica": [st.steps for st in self.replicas.values()],
+            "staleness_mean": sum(s["staleness_sum"] for s in stats) / count if count else 0.0,
+            "staleness_max": max(s["staleness_max"] for s in stats),
+            "rejected_pushes": sum(s["rejected_pushes"] for s in stats),
+            "replica_restarts": self.replica_restarts,
+            "replicas_lost": self.replicas_lost,
+            "stop_reason": self.stop_reason,
+            "wall_s": wall,
+        }
+        self.final_flat = flat
+        return summary

@@ -1,0 +1,147 @@
+"""Run directory: resolved config, one JSON line per evaluation, a summary, a plot, final parameters.
+
+Nothing in a run directory is a pickle: TOML, JSON lines, JSON, PNG and safetensors only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+
+def _clean(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {k: _clean(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_clean(x) for x in v]
+    return v
+
+
+def default_run_dir() -> Path:
+    return Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+
+
+class Clock:
+    """Training wall clock that can be paused (baselines pause it while they evaluate)."""
+
+    def __init__(self):
+        self._start = time.monotonic()
+        self._paused_total = 0.0
+        self._paused_at: float | None = None
+
+    def elapsed(self) -> float:
+        now = self._paused_at if self._paused_at is not None else time.monotonic()
+        return now - self._start - self._paused_total
+
+    def pause(self) -> None:
+        if self._paused_at is None:
+            self._paused_at = time.monotonic()
+
+    def resume(self) -> None:
+        if self._paused_at is not None:
+            self._paused_total += time.monotonic() - self._paused_at
+            self._paused_at = None
+
+
+class RunRecorder:
+    """Writes the run directory and prints progress. ``out_dir=None`` records in memory only."""
+
+    def __init__(self, out_dir: str | Path | None, config: dict[str, Any], quiet: bool = False):
+        self.out_dir = Path(out_dir) if out_dir else None
+        self.records: list[dict[str, Any]] = []
+        self.quiet = quiet
+        self.config = config
+        if self.out_dir is not None:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            cfg = {k: v for k, v in config.items() if v is not None}
+            (self.out_dir / "config.toml").write_text(tomli_w.dumps(cfg))
+            self._metrics = open(self.out_dir / "metrics.jsonl", "a", buffering=1)
+        else:
+            self._metrics = None
+
+    def log(self, message: str) -> None:
+        if not self.quiet:
+            print(f"[distbelief] {message}", file=sys.stderr, flush=True)
+
+    def record(self, rec: dict[str, Any]) -> None:
+        rec = _clean(rec)
+        self.records.append(rec)
+        if self._metrics is not None:
+            self._metrics.write(json.dumps(rec) + "\n")
+        if not self.quiet:
+            acc = rec.get("test_accuracy")
+            loss = rec.get("train_loss")
+            line = (
+                f"[{rec['wall_s']:7.1f}s] updates {rec.get('updates', 0):>8}  examples {rec.get('examples', 0):>9}"
+                f"  ({rec.get('examples_per_s', 0):,.0f}/s)"
+                f"  train loss {'-' if loss is None else f'{loss:.4f}'}"
+                f"  test acc {'-' if acc is None else f'{acc:.4f}'}"
+            )
+            if rec.get("staleness_mean") is not None:
+                line += f"  staleness {rec['staleness_mean']:.2f}"
+            print(line, file=sys.stderr, flush=True)
+
+    def finish(self, summary: dict[str, Any], flat_params=None, param_names=None) -> None:
+        summary = _clean(summary)
+        if self.out_dir is None:
+            return
+        if self._metrics is not None:
+            self._metrics.close()
+        tmp = self.out_dir / "summary.json.tmp"
+        tmp.write_text(json.dumps(summary, indent=2) + "\n")
+        os.replace(tmp, self.out_dir / "summary.json")
+        if flat_params is not None:
+            from safetensors.torch import save_file
+
+            save_file({"flat_params": flat_params.detach().contiguous()}, str(self.out_dir / "params.safetensors"))
+        try:
+            plot_runs([self.out_dir], self.out_dir / "accuracy.png")
+        except Exception as e:  # noqa: BLE001 - a plot must never lose a finished run
+            self.log(f"could not draw accuracy.png: {e}")
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    p = Path(run_dir) / "metrics.jsonl"
+    if not p.is_file():
+        raise FileNotFoundError(f"{run_dir} has no metrics.jsonl; is it a distbelief run directory?")
+    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+
+
+def plot_runs(run_dirs: list[str | Path], out_png: str | Path) -> Path:
+    """Overlay test accuracy (and train loss) vs wall-clock time of one or more runs into one PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(11, 4))
+    for d in run_dirs:
+        recs = read_metrics(d)
+        label = Path(d).name
+        summ = Path(d) / "summary.json"
+        if summ.is_file():
+            s = json.loads(summ.read_text())
+            label = f"{label} ({s.get('strategy')}, {s.get('replicas')}r)"
+        t = [r["wall_s"] for r in recs]
+        ax_acc.plot(t, [r.get("test_accuracy") for r in recs], marker=".", label=label)
+        ax_loss.plot(t, [r.get("train_loss") for r in recs], marker=".", label=label)
+    ax_acc.set(xlabel="wall-clock time (s)", ylabel="test accuracy", title="test accuracy")
+    ax_loss.set(xlabel="wall-clock time (s)", ylabel="train loss", title="training loss")
+    ax_acc.grid(alpha=0.3)
+    ax_loss.grid(alpha=0.3)
+    ax_acc.legend(fontsize=8)
+    fig.tight_layout()
+    out = Path(out_png)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out

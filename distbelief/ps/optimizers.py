@@ -1,0 +1,58 @@
+"""Server-side update rules, applied by a ParameterShard to its own slice, in place.
+
+Both rules are fused in-place torch kernels (multi-threaded, no temporaries beyond one reusable buffer): a
+42M-float Adagrad step costs tens of milliseconds instead of hundreds in plain numpy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SGD:
+    """Fixed-rate SGD: ``w -= lr * g``."""
+
+    lr: float
+
+    def init_state(self, n: int) -> dict[str, torch.Tensor]:
+        return {}
+
+    def apply(self, w: torch.Tensor, g: torch.Tensor, state: dict[str, torch.Tensor]) -> None:
+        w.add_(g, alpha=-self.lr)
+
+
+@dataclass(frozen=True)
+class Adagrad:
+    """The paper's Adagrad: ``eta_i = lr / (sqrt(sum_j g_ij^2) + eps)``, per parameter, on the shard.
+
+    ``eps`` (not in the paper) keeps the first step finite; ``initial_accumulator`` seeds the sum. With the
+    defaults this is exactly ``torch.optim.Adagrad(lr=lr, eps=eps, initial_accumulator_value=...)``.
+    """
+
+    lr: float
+    eps: float = 1e-10
+    initial_accumulator: float = 0.0
+
+    def init_state(self, n: int) -> dict[str, torch.Tensor]:
+        return {
+            "sum_sq": torch.full((n,), float(self.initial_accumulator), dtype=torch.float32),
+            "tmp": torch.empty(n, dtype=torch.float32),
+        }
+
+    def apply(self, w: torch.Tensor, g: torch.Tensor, state: dict[str, torch.Tensor]) -> None:
+        sum_sq, tmp = state["sum_sq"], state["tmp"]
+        sum_sq.addcmul_(g, g)
+        torch.sqrt(sum_sq, out=tmp)
+        tmp.add_(self.eps)
+        w.addcdiv_(g, tmp, value=-self.lr)
+
+
+def make_server_optimizer(name: str, lr: float, eps: float = 1e-10, initial_accumulator: float = 0.0):
+    if name == "sgd":
+        return SGD(lr=lr)
+    if name == "adagrad":
+        return Adagrad(lr=lr, eps=eps, initial_accumulator=initial_accumulator)
+    raise ValueError(f"unknown server optimizer {name!r}; choose 'sgd' or 'adagrad'")

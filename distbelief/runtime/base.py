@@ -1,0 +1,84 @@
+"""The runtime interface: how roles (shards, replicas) are placed and called.
+
+Algorithms and the trainer talk only to this interface. Two implementations: :mod:`inprocess` (threads, for fast
+deterministic tests) and :mod:`ray_runtime` (one Ray actor process per role, local or on a cluster).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, Callable, Sequence
+
+
+class Future(ABC):
+    """A pending remote call. ``result`` raises RemoteTimeoutError or RoleFailedError; it never waits forever."""
+
+    @abstractmethod
+    def result(self, timeout_s: float) -> Any: ...
+
+    @abstractmethod
+    def done(self) -> bool: ...
+
+    def as_arg(self) -> Any:
+        """What to pass to another remote call so the value moves role-to-role without visiting the driver."""
+        return self.result(3600.0)
+
+
+class Role:
+    """A placed role: its kind ("shard", "replica"), id, and the runtime's private handle."""
+
+    def __init__(self, kind: str, role_id: int, handle: Any):
+        self.kind, self.role_id, self.handle = kind, role_id, handle
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind} {self.role_id}"
+
+
+class ShardClient(ABC):
+    """A replica's (or the driver's) connection to all parameter shards.
+
+    ``fetch_async().result(t)`` -> ``(parts, versions)``: ``parts`` is ``[(lo, values), ...]`` with one entry per
+    shard (values must not be written by the caller), ``versions[k]`` the shard's version.
+    ``push_async(grad, versions, num_examples)`` sends each shard its own range of the flat ``grad`` (copied
+    before the call returns, so the caller may reuse the buffer).
+    """
+
+    @abstractmethod
+    def fetch_async(self) -> Future: ...
+
+    @abstractmethod
+    def push_async(self, grad, versions: Sequence[int] | None, num_examples: int) -> Future: ...
+
+
+class Runtime(ABC):
+    name: str = "runtime"
+
+    @abstractmethod
+    def create_shard(self, shard_id: int, factory: Callable[[], Any]) -> Role:
+        """Place a shard built by ``factory()`` (called where the shard lives)."""
+
+    @abstractmethod
+    def create_replica(
+        self, replica_id: int, factory: Callable[[ShardClient], Any], shards: list[Role], layout, threads: int
+    ) -> Role:
+        """Place a replica built by ``factory(client)``, where ``client`` connects it to ``shards``."""
+
+    @abstractmethod
+    def call(self, role: Role, method: str, *args, **kwargs) -> Future:
+        """Call ``method`` on the role's object asynchronously."""
+
+    @abstractmethod
+    def shard_client(self, shards: list[Role], layout, replica_id: int = -1) -> ShardClient:
+        """A client usable in the driver process (evaluation, checkpoints)."""
+
+    @abstractmethod
+    def kill(self, role: Role) -> None:
+        """Kill a role abruptly (fault injection and cleanup)."""
+
+    @abstractmethod
+    def wait_any(self, futures: list[Future], timeout_s: float) -> list[Future]:
+        """Return the subset of ``futures`` that are done, waiting at most ``timeout_s`` for at least one."""
+
+    def shutdown(self) -> None:
+        """Release the runtime's roles."""

@@ -1,0 +1,124 @@
+"""In-process runtime: every role is a Python object in this process; long calls run on threads.
+
+Shards are guarded by a lock each (a Ray actor executes one call at a time; this reproduces that). Client calls
+from replicas are executed synchronously, so with one replica the schedule is fully deterministic — the basis
+of the oracle tests.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import threading
+from typing import Any, Callable
+
+from distbelief.exceptions import RemoteTimeoutError, RoleFailedError
+from distbelief.runtime.base import Future, Role, Runtime, ShardClient
+
+
+class _Done(Future):
+    def __init__(self, value=None, error: BaseException | None = None):
+        self._value, self._error = value, error
+
+    def result(self, timeout_s: float):
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def done(self) -> bool:
+        return True
+
+
+class _ThreadFuture(Future):
+    def __init__(self, fut: cf.Future, role_name: str):
+        self._fut, self._role_name = fut, role_name
+
+    def result(self, timeout_s: float):
+        try:
+            return self._fut.result(timeout=timeout_s)
+        except cf.TimeoutError:
+            raise RemoteTimeoutError(
+                f"{self._role_name} did not answer within {timeout_s:.0f}s (raise remote_timeout_s if it is slow)"
+            ) from None
+        except Exception as e:  # noqa: BLE001 - re-raised with the role's name
+            raise RoleFailedError(f"{self._role_name} failed: {type(e).__name__}: {e}") from e
+
+    def done(self) -> bool:
+        return self._fut.done()
+
+
+class _Locked:
+    """A role object plus the lock that serialises calls into it."""
+
+    def __init__(self, obj):
+        self.obj, self.lock = obj, threading.Lock()
+
+
+class InProcessShardClient(ShardClient):
+    def __init__(self, shards: list[Role], layout, replica_id: int):
+        self.shards, self.layout, self.replica_id = shards, layout, replica_id
+
+    def fetch_async(self) -> Future:
+        parts, versions = [], []
+        for role in self.shards:
+            box: _Locked = role.handle
+            with box.lock:
+                values, version = box.obj.fetch(self.replica_id)
+                parts.append((box.obj.lo, values.copy()))
+            versions.append(version)
+        return _Done((parts, versions))
+
+    def push_async(self, grad, versions, num_examples: int) -> Future:
+        g = grad.numpy() if hasattr(grad, "numpy") else grad
+        for k, role in enumerate(self.shards):
+            box: _Locked = role.handle
+            lo, hi = self.layout.range(k)
+            with box.lock:
+                box.obj.push(self.replica_id, g[lo:hi], lo, versions[k] if versions else 0, num_examples)
+        return _Done(None)
+
+
+class InProcessRuntime(Runtime):
+    name = "inprocess"
+
+    def __init__(self, max_workers: int = 64):
+        self._pool = cf.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="distbelief-role")
+
+    def create_shard(self, shard_id: int, factory: Callable[[], Any]) -> Role:
+        return Role("shard", shard_id, _Locked(factory()))
+
+    def create_replica(self, replica_id, factory, shards, layout, threads) -> Role:
+        client = InProcessShardClient(shards, layout, replica_id)
+        return Role("replica", replica_id, _Locked(factory(client)))
+
+    def call(self, role: Role, method: str, *args, **kwargs) -> Future:
+        box: _Locked = role.handle
+        if role.kind == "shard":
+
+            def locked():
+                with box.lock:
+                    return getattr(box.obj, method)(*args, **kwargs)
+
+            return _ThreadFuture(self._pool.submit(locked), role.name)
+        # Replicas are thread-safe by design: run() in one thread, stop()/stats() from others.
+        return _ThreadFuture(self._pool.submit(getattr(box.obj, method), *args, **kwargs), role.name)
+
+    def shard_client(self, shards, layout, replica_id: int = -1) -> ShardClient:
+        return InProcessShardClient(shards, layout, replica_id)
+
+    def kill(self, role: Role) -> None:
+        obj = role.handle.obj
+        if hasattr(obj, "kill"):
+            obj.kill()
+
+    def wait_any(self, futures, timeout_s):
+        if not futures:
+            return []
+        inner = {f._fut: f for f in futures if isinstance(f, _ThreadFuture)}
+        done = [f for f in futures if not isinstance(f, _ThreadFuture)]
+        if done:
+            return done + [f for f in futures if isinstance(f, _ThreadFuture) and f.done()]
+        finished, _ = cf.wait(list(inner), timeout=timeout_s, return_when=cf.FIRST_COMPLETED)
+        return [inner[f] for f in finished]
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

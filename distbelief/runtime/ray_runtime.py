@@ -1,0 +1,199 @@
+"""Ray runtime: one actor process per role, on a local Ray instance or an existing cluster (``address``).
+
+Why it is fast enough: arrays cross process boundaries through Ray's shared-memory object store (a fetched slice
+is a zero-copy read-only numpy view in the replica); each push sends every shard only its own range; fetches and
+pushes are non-blocking ``.remote()`` calls that overlap the replica's compute. Calls from one caller to one
+(single-threaded) shard actor execute in submission order, which makes a replica's push-then-fetch sequence
+consistent.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from typing import Any, Callable
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskError
+
+from distbelief.exceptions import ClusterUnreachableError, ConfigError, RemoteTimeoutError, RoleFailedError
+from distbelief.runtime.base import Future, Role, Runtime, ShardClient
+
+
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast (Ray itself retries for ~14 minutes) when nothing listens at HOST:PORT."""
+    if address in ("auto", "local") or address.startswith("ray://"):
+        return
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ConfigError("address", f"{address!r} is not HOST:PORT (e.g. 10.0.0.5:6379)")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            pass
+    except OSError as e:
+        raise ClusterUnreachableError(
+            f"no Ray cluster reachable at --address {address}: {e}. Start one with `ray start --head "
+            f"--port={port}` on that host, or omit --address to run locally."
+        ) from None
+
+
+def connect(address: str | None = None, num_cpus: int | None = None) -> None:
+    """Start (or join) Ray once per process. A Ray already initialised by the caller is reused as it is."""
+    if ray.is_initialized():
+        return
+    common = dict(logging_level="WARNING", log_to_driver=True, configure_logging=True)
+    if address:
+        _check_reachable(address)
+        ray.init(address=address, **common)
+    else:
+        ray.init(
+            num_cpus=num_cpus or os.cpu_count(),
+            include_dashboard=False,
+            dashboard_host="127.0.0.1",
+            **common,
+        )
+
+
+@ray.remote
+class RoleActor:
+    """Hosts one role object. The object is built here, inside the actor process."""
+
+    def __init__(self, threads: int, factory: Callable, *args):
+        import torch
+
+        torch.set_num_threads(max(1, threads))
+        self.obj = factory(*args)
+
+    def call(self, method: str, *args, **kwargs):
+        return getattr(self.obj, method)(*args, **kwargs)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def _build_replica(shard_handles, layout, replica_id, timeout_s, factory):
+    return factory(RayShardClient(shard_handles, layout, replica_id, timeout_s))
+
+
+class _RayFuture(Future):
+    def __init__(self, refs, role_name: str, many: bool = False, transform=None):
+        self.refs, self.role_name, self.many, self.transform = refs, role_name, many, transform
+
+    def result(self, timeout_s: float):
+        try:
+            value = ray.get(self.refs, timeout=timeout_s)
+        except GetTimeoutError:
+            raise RemoteTimeoutError(
+                f"{self.role_name} did not answer within {timeout_s:.0f}s (raise remote_timeout_s if it is slow)"
+            ) from None
+        except RayActorError as e:
+            raise RoleFailedError(f"{self.role_name} died: {e.__class__.__name__}") from e
+        except RayTaskError as e:
+            raise RoleFailedError(f"{self.role_name} failed: {e}") from e
+        except RayError as e:
+            raise RoleFailedError(f"{self.role_name}: {e}") from e
+        return self.transform(value) if self.transform else value
+
+    def done(self) -> bool:
+        refs = self.refs if self.many else [self.refs]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        return len(ready) == len(refs)
+
+    def as_arg(self):
+        return self.refs
+
+
+class RayShardClient(ShardClient):
+    def __init__(self, shard_handles, layout, replica_id: int, timeout_s: float = 120.0):
+        self.handles, self.layout, self.replica_id, self.timeout_s = shard_handles, layout, replica_id, timeout_s
+
+    def fetch_async(self) -> Future:
+        refs = [h.call.remote("fetch", self.replica_id) for h in self.handles]
+        los = [self.layout.range(k)[0] for k in range(len(self.handles))]
+
+        def split(values):
+            return [(lo, v[0]) for lo, v in zip(los, values)], [v[1] for v in values]
+
+        return _RayFuture(refs, "parameter shards (fetch)", many=True, transform=split)
+
+    def push_async(self, grad, versions, num_examples: int) -> Future:
+        g = grad.numpy() if hasattr(grad, "numpy") else grad
+        refs = []
+        for k, h in enumerate(self.handles):
+            lo, hi = self.layout.range(k)
+            # The slice is serialised into the object store right here, so the caller may reuse its buffer.
+            refs.append(h.call.remote("push", self.replica_id, g[lo:hi], lo, versions[k] if versions else 0,
+                                      num_examples))
+        return _RayFuture(refs, "parameter shards (push)", many=True)
+
+
+class RayRuntime(Runtime):
+    name = "ray"
+
+    def __init__(self, address: str | None = None, num_cpus: int | None = None, replica_cpus: float = 1.0,
+                 shard_cpus: float = 0.0, startup_timeout_s: float = 180.0, remote_timeout_s: float = 120.0):
+        connect(address, num_cpus)
+        self.replica_cpus, self.shard_cpus = replica_cpus, shard_cpus
+        self.startup_timeout_s, self.remote_timeout_s = startup_timeout_s, remote_timeout_s
+        self._actors: list[Any] = []
+
+    def check_capacity(self, num_replicas: int) -> None:
+        """Refuse, before any worker starts, a job whose replicas could never all be scheduled."""
+        cpus = ray.cluster_resources().get("CPU", 0)
+        need = num_replicas * self.replica_cpus
+        if need > cpus + 1e-9:
+            raise ConfigError(
+                "replicas",
+                f"{num_replicas} replicas x {self.replica_cpus} CPU each need {need:g} CPUs but the Ray cluster "
+                f"has {cpus:g}; use fewer replicas or set replica_cpus lower",
+            )
+
+    def _ready(self, actor, role_name: str) -> None:
+        _RayFuture(actor.pid.remote(), role_name).result(self.startup_timeout_s)
+
+    def create_shard(self, shard_id: int, factory) -> Role:
+        actor = RoleActor.options(num_cpus=self.shard_cpus, max_concurrency=1, max_restarts=0).remote(1, factory)
+        self._actors.append(actor)
+        return Role("shard", shard_id, actor)
+
+    def create_replica(self, replica_id, factory, shards, layout, threads) -> Role:
+        handles = [s.handle for s in shards]
+        actor = RoleActor.options(num_cpus=self.replica_cpus, max_concurrency=4, max_restarts=0).remote(
+            threads, _build_replica, handles, layout, replica_id, self.remote_timeout_s, factory
+        )
+        self._actors.append(actor)
+        return Role("replica", replica_id, actor)
+
+    def wait_ready(self, roles: list[Role]) -> None:
+        for r in roles:
+            self._ready(r.handle, r.name)
+
+    def call(self, role: Role, method: str, *args, **kwargs) -> Future:
+        return _RayFuture(role.handle.call.remote(method, *args, **kwargs), role.name)
+
+    def shard_client(self, shards, layout, replica_id: int = -1) -> ShardClient:
+        return RayShardClient([s.handle for s in shards], layout, replica_id, self.remote_timeout_s)
+
+    def kill(self, role: Role) -> None:
+        ray.kill(role.handle, no_restart=True)
+
+    def wait_any(self, futures, timeout_s):
+        if not futures:
+            return []
+        by_ref = {}
+        for f in futures:
+            by_ref[f.refs if not f.many else f.refs[0]] = f
+        ready, _ = ray.wait(list(by_ref), num_returns=1, timeout=timeout_s)
+        done = [by_ref[r] for r in ready]
+        done += [f for f in futures if f not in done and f.done()]
+        return done
+
+    def shutdown(self) -> None:
+        for a in self._actors:
+            try:
+                ray.kill(a, no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        self._actors.clear()
+        time.sleep(0)

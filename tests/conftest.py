@@ -1,0 +1,42 @@
+import os
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+
+def pytest_configure(config):
+    # Workers inherit this: keep each test process from oversubscribing the 2 cores.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+
+
+class OddModel(nn.Module):
+    """Tensors of awkward sizes so that shard boundaries fall inside tensors."""
+
+    def __init__(self, d_in: int = 7, classes: int = 3):
+        super().__init__()
+        self.a = nn.Linear(d_in, 13)
+        self.b = nn.Linear(13, 5)
+        self.c = nn.Linear(5, classes)
+
+    def forward(self, x):
+        return self.c(torch.tanh(self.b(torch.tanh(self.a(x)))))
+
+
+def make_odd_model():
+    return OddModel()
+
+
+def toy_classification(n: int = 256, d_in: int = 7, classes: int = 3, seed: int = 0) -> TensorDataset:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d_in, generator=g)
+    w = torch.randn(d_in, classes, generator=g)
+    y = (x @ w).argmax(1)
+    return TensorDataset(x, y)
+
+
+@pytest.fixture(scope="session")
+def toy_data():
+    return toy_classification(256), toy_classification(64, seed=1)

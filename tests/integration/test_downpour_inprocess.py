@@ -1,0 +1,67 @@
+"""Downpour end to end on the in-process runtime: accuracy, run directory contents, failure handling."""
+
+import json
+
+import pytest
+
+from distbelief import RunConfig
+from distbelief.api import train_task
+
+SUMMARY_FIELDS = {"strategy", "replicas", "shards", "final_test_accuracy", "best_test_accuracy",
+                  "time_to_target_s", "examples_per_s", "updates_per_shard", "staleness_mean", "staleness_max",
+                  "wall_s"}
+METRIC_FIELDS = {"wall_s", "updates", "examples", "train_loss", "test_accuracy"}
+
+
+def check_run_dir(run_dir, strategy):
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert SUMMARY_FIELDS <= summary.keys()
+    assert summary["strategy"] == strategy
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert lines and all(METRIC_FIELDS <= rec.keys() for rec in lines)
+    walls = [rec["wall_s"] for rec in lines]
+    assert walls == sorted(walls)
+    assert (run_dir / "config.toml").is_file() and (run_dir / "accuracy.png").stat().st_size > 1000
+    assert (run_dir / "params.safetensors").is_file()
+    assert not list(run_dir.glob("*.pkl"))
+    return summary, lines
+
+
+def test_mnist1d_two_replicas_two_shards_adagrad_reaches_80_percent(tmp_path):
+    cfg = RunConfig(runtime="inprocess", replicas=2, shards=2, server_optimizer="adagrad", lr=0.05,
+                    batch_size=32, max_seconds=90, target_accuracy=0.82, eval_every_seconds=2,
+                    out=str(tmp_path / "run"))
+    res = train_task(cfg, quiet=True)
+    summary, lines = check_run_dir(tmp_path / "run", "downpour")
+    assert summary["final_test_accuracy"] >= 0.80
+    assert summary["time_to_target_s"] is not None and summary["stop_reason"] == "target accuracy reached"
+    assert summary["updates"] == sum(summary["updates_per_shard"])
+    assert len(summary["updates_per_shard"]) == 2
+    assert lines[-1]["updates"] == summary["updates"]
+    assert res.summary == summary
+
+
+def test_warmstart_runs_one_replica_first(tmp_path):
+    cfg = RunConfig(runtime="inprocess", replicas=3, shards=2, warmstart_steps=40, max_steps=30, max_seconds=0,
+                    batch_size=16, eval_every_seconds=3600, num_samples=2000)
+    res = train_task(cfg, quiet=True)
+    # replica 0 did its 40 warmstart steps, then 30 more with everyone else.
+    assert res.summary["steps_per_replica"] == [70, 30, 30]
+    assert res.summary["updates_per_shard"] == [130, 130]
+
+
+def test_sgd_and_sync_baselines_write_the_same_run_format(tmp_path):
+    for strategy in ("sgd", "sync"):
+        cfg = RunConfig(runtime="inprocess", strategy=strategy, replicas=2, max_steps=50, max_seconds=0,
+                        eval_every_seconds=3600, num_samples=2000, out=str(tmp_path / strategy))
+        train_task(cfg, quiet=True)
+        summary, _ = check_run_dir(tmp_path / strategy, strategy)
+        assert summary["updates_per_shard"][0] == 50
+
+
+def test_killed_replica_is_restarted_and_run_finishes(tmp_path):
+    cfg = RunConfig(runtime="inprocess", replicas=2, shards=2, max_seconds=6, kill_replica_after_s=1.5,
+                    kill_replica_id=1, eval_every_seconds=1, num_samples=2000)
+    res = train_task(cfg, quiet=True)
+    assert res.summary["replica_restarts"] == 1 and res.summary["replicas_lost"] == 0
+    assert res.summary["stop_reason"] == "time budget spent"
