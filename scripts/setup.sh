@@ -19,8 +19,11 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ]; then
 fi
 
 echo "[setup] installing pinned dependencies (first run takes a few minutes)" >&2
-"$VENV/bin/python" -m pip install --quiet --upgrade pip >&2
-"$VENV/bin/python" -m pip install --quiet -r "$ROOT/requirements.txt" >&2
-"$VENV/bin/python" -m pip install --quiet --no-deps -e "$ROOT" >&2
+LOG="$VENV/setup.log"
+run() { "$@" >>"$LOG" 2>&1 || { echo "[setup] failed: $* (log: $LOG)" >&2; tail -30 "$LOG" >&2; exit 1; }; }
+: > "$LOG"
+run "$VENV/bin/python" -m pip install --upgrade pip
+run "$VENV/bin/python" -m pip install -r "$ROOT/requirements.txt"
+run "$VENV/bin/python" -m pip install --no-deps -e "$ROOT"
 echo "$WANT" > "$STAMP"
 echo "[setup] done" >&2
