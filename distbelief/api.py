@@ -86,7 +86,8 @@ def train(
     quiet: bool = False,
     **settings: Any,
 ) -> TrainResult:
-    """Train ``model_fn()`` on ``train_data`` with the strategy in ``config`` (Downpour by default).
+    """Train ``model_fn()`` on ``train_data`` with the strategy in ``config`` (Downpour by default;
+    ``strategy="sandblaster"`` runs Sandblaster L-BFGS).
 
     Args:
         model_fn: zero-argument factory of the ``nn.Module`` (picklable: it runs in every worker process).
@@ -131,7 +132,12 @@ def train(
             if hasattr(runtime, "check_capacity"):
                 runtime.check_capacity(cfg.replicas)
             torch.set_num_threads(1)  # the driver only evaluates; leave the cores to the workers
-            trainer = ParameterServerTrainer(job, runtime, recorder)
+            if cfg.strategy == "sandblaster":
+                from distbelief.sandblaster.trainer import SandblasterTrainer
+
+                trainer = SandblasterTrainer(job, runtime, recorder)
+            else:
+                trainer = ParameterServerTrainer(job, runtime, recorder)
             summary = trainer.run()
             flat = trainer.final_flat
         finally:
@@ -155,7 +161,7 @@ def make_runtime(cfg: RunConfig):
     if cfg.runtime == "inprocess":
         from distbelief.runtime.inprocess import InProcessRuntime
 
-        return InProcessRuntime()
+        return InProcessRuntime(remote_timeout_s=cfg.remote_timeout_s)
     from distbelief.runtime.ray_runtime import RayRuntime
 
     return RayRuntime(address=cfg.address or None, remote_timeout_s=cfg.remote_timeout_s)
@@ -168,7 +174,7 @@ def task_job(cfg: RunConfig):
 
     spec = TaskSpec(cfg.task, cfg.num_samples, cfg.num_classes, cfg.seed).resolved()
     task = load_task(spec)  # generates and caches once, here, before any worker starts
-    model_fn = partial(build_model, cfg.model, task.input_shape, task.num_classes)
+    model_fn = partial(build_model, cfg.model, task.input_shape, task.num_classes, cfg.partitions)
     return model_fn, partial(load_train, spec), task.test
 
 

@@ -11,8 +11,8 @@ from distbelief.config import FIELD_HELP, RunConfig, config_from, load_toml
 from distbelief.exceptions import ClusterUnreachableError, ConfigError, DistBeliefError
 
 CHOICES = {
-    "task": ("mnist1d", "speech"),
-    "strategy": ("sgd", "sync", "downpour"),
+    "task": ("mnist1d", "speech", "shapes"),
+    "strategy": ("sgd", "sync", "downpour", "sandblaster"),
     "server_optimizer": ("sgd", "adagrad"),
     "runtime": ("ray", "inprocess"),
 }

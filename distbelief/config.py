@@ -15,7 +15,7 @@ from typing import Any
 
 from distbelief.exceptions import ConfigError
 
-STRATEGIES = ("sgd", "sync", "downpour")
+STRATEGIES = ("sgd", "sync", "downpour", "sandblaster")
 SERVER_OPTIMIZERS = ("sgd", "adagrad")
 RUNTIMES = ("ray", "inprocess")
 
@@ -31,6 +31,7 @@ class RunConfig:
     strategy: str = "downpour"
     replicas: int = 2
     shards: int = 2
+    partitions: int = 1
     fetch_every: int = 1
     push_every: int = 1
     server_optimizer: str = "adagrad"
@@ -54,9 +55,26 @@ class RunConfig:
     threads: int = 0
     max_replica_restarts: int = 3
     remote_timeout_s: float = 120.0
-    # fault injection (testing and demos): kill replica `kill_replica_id` after `kill_replica_after_s` seconds
+    # durability: shard checkpoints and write-ahead log
+    checkpoint_every_seconds: float = 30.0
+    checkpoint_every_updates: int = 0
+    wal: bool = True
+    max_shard_restarts: int = 5
+    # fault injection (testing and demos): kill a replica / a shard this many seconds into training
     kill_replica_after_s: float = 0.0
     kill_replica_id: int = 0
+    kill_shard_after_s: float = 0.0
+    kill_shard_id: int = 0
+    # Sandblaster L-BFGS (strategy = "sandblaster"; batch_size is then the examples per L-BFGS iteration)
+    portion_size: int = 64
+    history: int = 10
+    push_every_portions: int = 4
+    backup_tasks: bool = True
+    # straggler emulation (benchmarks and tests): every portion takes at least portion_delay_s, and replica
+    # straggler_id takes straggler_slowdown times as long
+    portion_delay_s: float = 0.0
+    straggler_id: int = -1
+    straggler_slowdown: float = 1.0
 
     def validate(self) -> "RunConfig":
         from distbelief.data.tasks import TASKS
@@ -76,13 +94,23 @@ class RunConfig:
         choose("strategy", self.strategy, STRATEGIES)
         choose("server_optimizer", self.server_optimizer, SERVER_OPTIMIZERS)
         choose("runtime", self.runtime, RUNTIMES)
-        for name in ("replicas", "shards", "fetch_every", "push_every", "batch_size"):
+        for name in ("replicas", "shards", "fetch_every", "push_every", "batch_size", "partitions"):
             positive(name)
+        if self.partitions > 1:
+            from distbelief.models import PARTITIONABLE
+
+            if self.model not in PARTITIONABLE:
+                raise ConfigError("partitions", f"model {self.model!r} cannot be partitioned; choose one of: "
+                                                f"{', '.join(PARTITIONABLE)}, or partitions = 1")
+            if self.strategy == "sync":
+                raise ConfigError("partitions", "the sync strategy runs unpartitioned replicas; use downpour or sgd")
         positive("num_samples", 20)
         for name in ("warmstart_steps", "max_steps", "threads", "max_replica_restarts", "num_classes"):
             positive(name, 0)
+        for name in ("checkpoint_every_updates", "max_shard_restarts", "kill_shard_id"):
+            positive(name, 0)
         for name in ("max_seconds", "target_accuracy", "local_lr", "adagrad_initial_accumulator",
-                     "kill_replica_after_s"):
+                     "kill_replica_after_s", "kill_shard_after_s", "checkpoint_every_seconds"):
             positive(name, 0)
         for name in ("lr", "eval_every_seconds", "remote_timeout_s", "adagrad_eps"):
             v = getattr(self, name)
@@ -102,22 +130,53 @@ class RunConfig:
         if self.kill_replica_after_s and not 0 <= self.kill_replica_id < self.replicas:
             raise ConfigError("kill_replica_id", f"must name a replica in [0, {self.replicas}), got "
                                                  f"{self.kill_replica_id}")
+        if self.kill_shard_after_s and not 0 <= self.kill_shard_id < self.shards:
+            raise ConfigError("kill_shard_id", f"must name a shard in [0, {self.shards}), got {self.kill_shard_id}")
+        self._validate_sandblaster()
         if self.address and self.runtime != "ray":
             raise ConfigError("address", "--address needs the ray runtime (runtime = \"ray\")")
         return self
+
+    def _validate_sandblaster(self) -> None:
+        for name in ("portion_size", "history", "push_every_portions"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ConfigError(name, f"must be an integer >= 1, got {v!r}")
+        if not (math.isfinite(self.portion_delay_s) and self.portion_delay_s >= 0):
+            raise ConfigError("portion_delay_s", f"must be >= 0, got {self.portion_delay_s!r}")
+        if not (math.isfinite(self.straggler_slowdown) and self.straggler_slowdown >= 1):
+            raise ConfigError("straggler_slowdown", f"must be >= 1 (a factor), got {self.straggler_slowdown!r}")
+        if not -1 <= self.straggler_id < self.replicas:
+            raise ConfigError("straggler_id", f"must name a replica in [0, {self.replicas}) or be -1 (none), got "
+                                              f"{self.straggler_id}")
+        if self.strategy != "sandblaster":
+            return
+        if self.partitions > 1:
+            raise ConfigError("partitions", "sandblaster runs unpartitioned replicas; use partitions = 1")
+        if self.portion_size * self.replicas > self.batch_size:
+            import warnings
+
+            warnings.warn(f"portion_size ({self.portion_size}) x replicas ({self.replicas}) exceeds batch_size "
+                          f"({self.batch_size}): portions are not much smaller than batch/replicas, so load "
+                          f"balancing and backup tasks have little room; lower portion_size", stacklevel=3)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
 FIELD_HELP: dict[str, str] = {
-    "task": "dataset: mnist1d (MNIST-1D, generated offline) or speech (paper-shaped synthetic frames)",
-    "model": "model name: mlp, mlp-small, cnn, speech-tiny, speech-small, speech-medium, speech-paper",
+    "task": "dataset: mnist1d (MNIST-1D, generated offline), speech (paper-shaped synthetic frames) or shapes "
+            "(synthetic 32x32 images of 8 shapes, for locally connected models)",
+    "model": "model name: mlp, mlp-small, cnn, speech-tiny, speech-small, speech-medium, speech-paper, "
+             "lc1d (locally connected, mnist1d), lc-image-small, lc-image-medium (locally connected, shapes)",
     "num_samples": "examples generated for the task (train + test; 20%% test)",
     "num_classes": "speech only: number of classes (0 = 256; the paper used 8192)",
-    "strategy": "sgd (one process, plain torch loop), sync (synchronous data parallel), downpour (async)",
+    "strategy": "sgd (one process, plain torch loop), sync (synchronous data parallel), downpour (async), "
+                "sandblaster (batch L-BFGS driven by a coordinator, vectors on the shards)",
     "replicas": "number of model replicas (data-parallel workers)",
     "shards": "number of parameter-server shards",
+    "partitions": "model parallelism: run every replica as this many partition processes (lc1d, lc-image-*, "
+                  "mlp and speech models)",
     "fetch_every": "n_fetch: fetch parameters every N steps",
     "push_every": "n_push: push the accumulated gradient every N steps",
     "server_optimizer": "update rule on the shards: sgd (fixed rate) or adagrad (the paper's)",
@@ -125,10 +184,11 @@ FIELD_HELP: dict[str, str] = {
     "local_lr": "alpha: the replica's local step between fetches (0 = none, as in the paper's experiments)",
     "adagrad_eps": "epsilon added to sqrt(sum g^2) (not in the paper)",
     "adagrad_initial_accumulator": "initial value of adagrad's sum of squared gradients",
-    "batch_size": "minibatch size per replica step",
+    "batch_size": "minibatch size per replica step (sandblaster: examples per L-BFGS iteration; >= the training "
+                  "set = full batch)",
     "warmstart_steps": "steps one replica trains alone before the others join",
     "overlap": "prefetch the next parameters while computing (one step staler, faster)",
-    "max_steps": "stop after this many steps per replica (0 = no limit)",
+    "max_steps": "stop after this many steps per replica (sandblaster: L-BFGS iterations) (0 = no limit)",
     "max_seconds": "stop after this many seconds of training (0 = no limit)",
     "target_accuracy": "stop when test accuracy reaches this fraction (0 = never)",
     "eval_every_seconds": "evaluate the server's parameters on the test set every T seconds",
@@ -139,8 +199,23 @@ FIELD_HELP: dict[str, str] = {
     "threads": "torch threads per worker process (0 = cores / replicas)",
     "max_replica_restarts": "how many times a dead replica is restarted before the run goes on without it",
     "remote_timeout_s": "how long any remote call may take before the run fails with a timeout",
+    "checkpoint_every_seconds": "each shard checkpoints its slice and optimizer state this often (0 = never)",
+    "checkpoint_every_updates": "each shard also checkpoints after this many updates (0 = not by count)",
+    "wal": "shards log applied pushes between checkpoints, so a restarted shard loses no update",
+    "max_shard_restarts": "how many times a dead parameter shard is restarted from its checkpoint",
     "kill_replica_after_s": "fault injection: kill a replica this many seconds into training (0 = never)",
     "kill_replica_id": "fault injection: which replica to kill",
+    "kill_shard_after_s": "fault injection: kill a parameter shard this many seconds into training (0 = never)",
+    "kill_shard_id": "fault injection: which shard to kill",
+    "portion_size": "sandblaster: examples per portion, the unit of work handed to a free replica (keep it much "
+                    "smaller than batch_size / replicas)",
+    "history": "sandblaster: L-BFGS memory m, the number of (s, y) pairs kept on the shards",
+    "push_every_portions": "sandblaster: a replica sends its accumulated gradient after this many portions",
+    "backup_tasks": "sandblaster: near the end of a batch, also give running portions to idle replicas "
+                    "(first result wins)",
+    "portion_delay_s": "straggler emulation: every portion takes at least this long (benchmarks)",
+    "straggler_id": "straggler emulation: the replica that is slowed down (-1 = none)",
+    "straggler_slowdown": "straggler emulation: the straggler takes this many times as long per portion",
 }
 
 

@@ -15,7 +15,43 @@ _MLPS = {
     "speech-medium": ((2048, 2048, 2048), nn.Sigmoid),
     "speech-paper": ((2560, 2560, 2560, 2560), nn.Sigmoid),  # 440-2560x4-8192: ~42M parameters
 }
-MODELS = tuple(_MLPS) + ("cnn",)
+# Locally connected (untied) models, built as PartitionedModels so that --partitions can split them.
+_LOCAL = ("lc1d", "lc-image-small", "lc-image-medium")
+MODELS = tuple(_MLPS) + ("cnn",) + _LOCAL
+PARTITIONABLE = tuple(_MLPS) + _LOCAL  # models that --partitions P > 1 can split
+
+
+def build_partitioned(name: str, input_shape: tuple[int, ...], num_classes: int, partitions: int = 1):
+    """A named model as a PartitionedModel over ``partitions`` partitions (see distbelief.partition)."""
+    from distbelief.partition import (
+        Activation,
+        FullyConnected,
+        LocalContrastNorm,
+        LocallyConnected1d,
+        LocallyConnected2d,
+        MaxPool,
+        PartitionedModel,
+    )
+
+    if name in _MLPS:  # the same fully connected stack as build_model's nn.Sequential, partitioned by units
+        widths, act = _MLPS[name]
+        act_name = {nn.ReLU: "relu", nn.Sigmoid: "sigmoid"}[act]
+        layers = [x for w in widths for x in (FullyConnected(w), Activation(act_name))]
+        return PartitionedModel((math.prod(input_shape),), layers + [FullyConnected(num_classes)], partitions)
+    if name == "lc1d":  # mnist1d (40 samples): two untied 1-D filter stages, then a small classifier
+        layers = [LocallyConnected1d(16, 5, 1), Activation("relu"), MaxPool(2),
+                  LocallyConnected1d(32, 3, 1), Activation("relu"), MaxPool(2),
+                  FullyConnected(64), Activation("relu"), FullyConnected(num_classes)]
+        return PartitionedModel(input_shape, layers, partitions)
+    if name in ("lc-image-small", "lc-image-medium"):
+        # The paper's image model in miniature: stages of untied local filtering, pooling and local contrast
+        # normalisation, then the output layer. Most of the compute is in the locally connected stages.
+        c1, c2 = (8, 16) if name == "lc-image-small" else (32, 64)
+        layers = [LocallyConnected2d(c1, 5, 1), Activation("relu"), MaxPool(2), LocalContrastNorm(1),
+                  LocallyConnected2d(c2, 3, 1), Activation("relu"), MaxPool(2),
+                  FullyConnected(num_classes)]
+        return PartitionedModel(input_shape, layers, partitions)
+    raise ValueError(f"model {name!r} cannot be partitioned; choose one of {', '.join(PARTITIONABLE)}")
 
 
 class MNIST1DConvNet(nn.Module):
@@ -39,8 +75,13 @@ class MNIST1DConvNet(nn.Module):
         return self.head(self.net(x))
 
 
-def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    """Build a named model for inputs of ``input_shape`` (without batch) and ``num_classes`` outputs."""
+def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, partitions: int = 1) -> nn.Module:
+    """Build a named model for inputs of ``input_shape`` (without batch) and ``num_classes`` outputs.
+
+    With ``partitions > 1`` (or a locally connected model) the result is a PartitionedModel.
+    """
+    if partitions > 1 or name in _LOCAL:
+        return build_partitioned(name, input_shape, num_classes, partitions)
     d_in = math.prod(input_shape)
     if name == "cnn":
         return MNIST1DConvNet(d_in, num_classes)

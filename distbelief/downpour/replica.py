@@ -78,8 +78,13 @@ class ModelReplica:
     def kill(self) -> None:
         self._killed = True
 
+    def replace_shard(self, shard_id: int, handle) -> None:
+        """Point this replica at a restarted shard; calls waiting on the dead one are re-sent to it."""
+        self.client.replace_shard(shard_id, handle)
+
     def stats(self) -> dict:
         return {
+            "acked": list(self.client.acked),
             "replica_id": self.replica_id,
             "steps": self.steps,
             "examples": self.examples,

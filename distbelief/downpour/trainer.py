@@ -7,9 +7,11 @@ wall-clock cadence, enforces the stop conditions, and restarts failed replicas (
 from __future__ import annotations
 
 import math
+import tempfile
 import time
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -22,7 +24,7 @@ from distbelief.exceptions import DistBeliefError, RemoteTimeoutError, RoleFaile
 from distbelief.metrics import Clock, RunRecorder
 from distbelief.policies import Decision, RestartPolicy
 from distbelief.ps.optimizers import make_server_optimizer
-from distbelief.ps.shard import ParameterShard
+from distbelief.ps.shard import Durability, ParameterShard
 from distbelief.ps.sharding import ShardLayout, flatten, unflatten_into
 from distbelief.runtime.base import Future, Role, Runtime
 
@@ -95,13 +97,22 @@ class ParameterServerTrainer:
         init = flatten(self.eval_model)
         self.total = init.numel()
         self.layout = ShardLayout.balanced(self.total, cfg.shards)
-        opt = make_server_optimizer(cfg.server_optimizer, cfg.lr, cfg.adagrad_eps, cfg.adagrad_initial_accumulator)
+        self.optimizer = make_server_optimizer(cfg.server_optimizer, cfg.lr, cfg.adagrad_eps,
+                                               cfg.adagrad_initial_accumulator)
+        self.init_flat = init
+        self.durability = self._durability()
         self.shards: list[Role] = []
         for k in range(cfg.shards):
             lo, hi = self.layout.range(k)
             self.shards.append(runtime.create_shard(
-                k, partial(ParameterShard, k, lo, hi, init[lo:hi].numpy(), opt, self.total)))
+                k, partial(ParameterShard, k, lo, hi, init[lo:hi].numpy(), self.optimizer, self.total,
+                           self.durability)))
         self.client = runtime.shard_client(self.shards, self.layout)
+        self.shard_restarts = 0
+        self.updates_lost = 0
+        self.shard_recovery_s: list[float] = []
+        self._shard_restarts_by_id = [0] * cfg.shards
+        self._shard_killed_once = False
         self.settings = ReplicaSettings(
             fetch_every=cfg.fetch_every, push_every=cfg.push_every, local_lr=cfg.local_lr,
             overlap=cfg.overlap, remote_timeout_s=cfg.remote_timeout_s,
@@ -116,6 +127,75 @@ class ParameterServerTrainer:
         self.replicas_lost = 0
         self._killed_once = False
 
+    # ---------------------------------------------------------------- durability and shard failures
+    def _durability(self) -> Durability | None:
+        cfg = self.cfg
+        if not (cfg.checkpoint_every_seconds or cfg.checkpoint_every_updates or cfg.wal):
+            return None
+        if cfg.out:
+            root = Path(cfg.out) / "checkpoints"
+        else:
+            self._tmp = tempfile.TemporaryDirectory(prefix="distbelief-ckpt-")
+            root = Path(self._tmp.name)
+        return Durability(str(root.resolve()), every_updates=cfg.checkpoint_every_updates,
+                          every_seconds=cfg.checkpoint_every_seconds, wal=cfg.wal)
+
+    def _check_shards(self) -> None:
+        """Restart any shard whose process died (from its checkpoint + log), while the replicas keep going."""
+        futs = [(k, self.runtime.call(s, "stats")) for k, s in enumerate(self.shards)]
+        for k, f in futs:
+            try:
+                f.result(self.timeout_s)
+            except RoleFailedError as e:
+                self._restart_shard(k, e)
+
+    def _restart_shard(self, k: int, err: Exception) -> None:
+        if self.durability is None:
+            raise RoleFailedError(f"parameter shard {k} died ({err}) and durability is off (wal = false, no "
+                                  f"checkpoints): its parameters are lost") from err
+        if self._shard_restarts_by_id[k] >= self.cfg.max_shard_restarts:
+            raise RoleFailedError(f"parameter shard {k} died again after {self.cfg.max_shard_restarts} restarts "
+                                  f"(max_shard_restarts)") from err
+        t0 = time.monotonic()
+        self.rec.log(f"parameter shard {k} died ({err}); restarting it from its checkpoint")
+        try:
+            self.runtime.kill(self.shards[k])
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+        lo, hi = self.layout.range(k)
+        role = self.runtime.create_shard(k, partial(
+            ParameterShard.restore, k, lo, hi, self.optimizer, self.total, self.durability,
+            self.init_flat[lo:hi].numpy()))
+        st = self.runtime.call(role, "stats").result(max(self.timeout_s, 180.0))
+        # Replicas are blocked on the dead shard, so what they hold as acknowledged is final for it.
+        self._poll_replicas()
+        acked = max([r.last_stats.get("acked", [0] * (k + 1))[k] for r in self.replicas.values()
+                     if r.last_stats] + [0])
+        lost = max(0, acked - st["updates"])
+        self.shards[k] = role
+        self.client.replace_shard(k, role.handle)
+        for r in self.replicas.values():
+            if r.alive:
+                self.runtime.call(r.role, "replace_shard", k, role.handle)
+        self._shard_restarts_by_id[k] += 1
+        self.shard_restarts += 1
+        self.updates_lost += lost
+        self.shard_recovery_s.append(time.monotonic() - t0)
+        skipped = st.get("corrupt_checkpoints") or []
+        for msg in skipped:
+            self.rec.log(f"parameter shard {k}: skipped a damaged checkpoint: {msg}")
+        self.rec.log(f"parameter shard {k} restored at version {st['updates']} (checkpoint "
+                     f"{st['restored_from_version']} + {st['replayed_updates']} logged updates) in "
+                     f"{self.shard_recovery_s[-1]:.2f}s; updates lost: {lost}")
+
+    def checkpoint_shards(self) -> None:
+        """Ask every shard to write a checkpoint now (end of run, Ctrl-C)."""
+        if self.durability is None:
+            return
+        futs = [self.runtime.call(s, "checkpoint") for s in self.shards]
+        for f in futs:
+            f.result(self.timeout_s)
+
     # ---------------------------------------------------------------- roles
     def _recipe(self, rid: int) -> ReplicaRecipe:
         j = self.job
@@ -123,7 +203,17 @@ class ParameterServerTrainer:
                              self.settings, j.loss_fn)
 
     def _start_replica(self, rid: int) -> Role:
-        role = self.runtime.create_replica(rid, self._recipe(rid), self.shards, self.layout, self.job.threads)
+        if self.cfg.partitions > 1:  # model parallelism: the replica is a group of partitions (distbelief.partition)
+            from distbelief.partition.replica import PartitionRecipe
+            from distbelief.runtime.partition_groups import create_partition_group
+
+            j = self.job
+            recipe = PartitionRecipe(rid, self.cfg.replicas, j.model_fn, j.train_data, self.cfg.batch_size,
+                                     self.cfg.seed, self.settings, j.loss_fn)
+            role = create_partition_group(self.runtime, rid, recipe, self.shards, self.layout, self.job.threads,
+                                          self.cfg.partitions)
+        else:
+            role = self.runtime.create_replica(rid, self._recipe(rid), self.shards, self.layout, self.job.threads)
         # A replica that cannot even be built (bad model, bad data) fails here, with its own error.
         self.runtime.call(role, "stats").result(max(self.timeout_s, 180.0))
         return role
@@ -180,6 +270,10 @@ class ParameterServerTrainer:
             "rejected_pushes": sum(s["rejected_pushes"] for s in stats),
             "replicas_alive": sum(st.alive for st in self.replicas.values()),
         }
+        if self.cfg.partitions > 1:
+            from distbelief.partition.replica import messaging_metrics
+
+            rec.update(messaging_metrics([st.last_stats for st in self.replicas.values() if st.last_stats]))
         self.rec.record(rec)
         self.best_acc = max(self.best_acc, acc)
         if self.cfg.target_accuracy and acc >= self.cfg.target_accuracy and self.time_to_target is None:
@@ -254,6 +348,7 @@ class ParameterServerTrainer:
                     except (RoleFailedError, RemoteTimeoutError) as e:
                         self._handle_failure(rid, e, max_steps)
             self._maybe_inject_fault()
+            self._check_shards()
             if self.clock.elapsed() >= next_eval:
                 self.evaluate_now()
                 next_eval = self.clock.elapsed() + self.cfg.eval_every_seconds
@@ -268,6 +363,10 @@ class ParameterServerTrainer:
 
     def _maybe_inject_fault(self) -> None:
         cfg = self.cfg
+        if cfg.kill_shard_after_s and not self._shard_killed_once and self.clock.elapsed() >= cfg.kill_shard_after_s:
+            self._shard_killed_once = True
+            self.rec.log(f"fault injection: killing parameter shard {cfg.kill_shard_id}")
+            self.runtime.kill(self.shards[cfg.kill_shard_id])
         if cfg.kill_replica_after_s and not self._killed_once and self.clock.elapsed() >= cfg.kill_replica_after_s:
             st = self.replicas.get(cfg.kill_replica_id)
             if st is not None and st.alive and not st.finished:
@@ -317,10 +416,14 @@ class ParameterServerTrainer:
                 except (RoleFailedError, RemoteTimeoutError) as e:
                     self._handle_sync_failure(rid, e)
             self._maybe_inject_fault()
+            self._check_shards()
             if grads:
-                done = [self.runtime.call(s, "apply_mean", *grads) for s in self.shards]
-                for d in done:
-                    d.result(self.timeout_s)
+                for k, s in enumerate(self.shards):
+                    try:
+                        self.runtime.call(s, "apply_mean", *grads).result(self.timeout_s)
+                    except RoleFailedError as e:  # died mid-step: restore it, then apply this step there
+                        self._restart_shard(k, e)
+                        self.runtime.call(self.shards[k], "apply_mean", *grads).result(self.timeout_s)
                 self.examples_sync += cfg.batch_size * len(grads)
                 step += 1
             if self.clock.elapsed() >= next_eval:
@@ -361,9 +464,11 @@ class ParameterServerTrainer:
             if not self.stop_reason:
                 self.stop_reason = "step limit reached"
             wall = self.clock.elapsed()
+            self._check_shards()
             final = self.evaluate_now()
             flat = self.server_params()
             stats = self.shard_stats()
+            self.checkpoint_shards()
         finally:
             for st in self.replicas.values():
                 try:
@@ -392,8 +497,13 @@ class ParameterServerTrainer:
             "rejected_pushes": sum(s["rejected_pushes"] for s in stats),
             "replica_restarts": self.replica_restarts,
             "replicas_lost": self.replicas_lost,
+            "shard_restarts": self.shard_restarts,
+            "updates_lost": self.updates_lost,
+            "shard_recovery_s": self.shard_recovery_s,
             "stop_reason": self.stop_reason,
             "wall_s": wall,
+            "partitions": cfg.partitions,
+            **{k: v for k, v in final.items() if k.startswith("partition_")},
         }
         self.final_flat = flat
         return summary

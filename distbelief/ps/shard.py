@@ -10,7 +10,9 @@ without ever holding a parameter-sized vector.
 
 from __future__ import annotations
 
+import time
 import warnings
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -33,6 +35,17 @@ def _as_tensor(a) -> torch.Tensor:
     return torch.from_numpy(arr)
 
 
+@dataclass(frozen=True)
+class Durability:
+    """Where and how often a shard saves its state (see distbelief.ps.checkpoint)."""
+
+    root: str
+    every_updates: int = 0  # 0 = not by count
+    every_seconds: float = 30.0  # 0 = not by time
+    wal: bool = True
+    keep: int = 3
+
+
 class ParameterShard:
     """A slice ``[lo, hi)`` of the flat parameters plus the server optimizer state for it.
 
@@ -44,7 +57,9 @@ class ParameterShard:
         total: total number of model parameters (used to validate pushes).
     """
 
-    def __init__(self, shard_id: int, lo: int, hi: int, init_values, optimizer, total: int):
+    def __init__(self, shard_id: int, lo: int, hi: int, init_values, optimizer, total: int,
+                 durability: Durability | None = None, init_state: dict | None = None,
+                 counters: dict | None = None):
         if hi <= lo:
             raise ValueError(f"shard {shard_id}: empty range [{lo}, {hi})")
         values = np.array(init_values, dtype=np.float32, copy=True).reshape(-1)
@@ -55,25 +70,143 @@ class ParameterShard:
         self._params_np = values
         self.vectors: dict[str, torch.Tensor] = {PARAMS: torch.from_numpy(values)}
         self.opt_state = optimizer.init_state(hi - lo) if optimizer is not None else {}
-        self.version = 0  # updates applied to this shard
-        self.examples = 0  # examples represented by the applied pushes
-        self.rejected_pushes = 0
-        self.staleness_sum = 0
-        self.staleness_max = 0
-        self.staleness_count = 0
+        for name, value in (init_state or {}).items():
+            self.opt_state[name].copy_(_as_tensor(np.asarray(value, dtype=np.float32)).reshape(-1))
+        counters = counters or {}
+        self.version = int(counters.get("version", 0))  # updates applied to this shard
+        self.examples = int(counters.get("examples", 0))  # examples represented by the applied pushes
+        self.rejected_pushes = int(counters.get("rejected_pushes", 0))
+        self.staleness_sum = int(counters.get("staleness_sum", 0))
+        self.staleness_max = int(counters.get("staleness_max", 0))
+        self.staleness_count = int(counters.get("staleness_count", 0))
+        self.restored_from_version = -1
+        self.replayed_updates = 0
+        self.corrupt_checkpoints: list[str] = []
+        self.checkpoints_written = 0
+        # Exactly-once pushes: the highest sequence number applied per client session. A push re-sent to a
+        # restarted shard (because its acknowledgement was lost with the old process) is recognised and skipped.
+        self.last_seq: dict[int, int] = {}
+        self.duplicate_pushes = 0
+        self.durability = durability
+        self._wal = None
+        self._last_ckpt_version = self.version
+        self._last_ckpt_time = time.monotonic()
+        if durability is not None:
+            from distbelief.ps.checkpoint import WriteAheadLog
+
+            if durability.wal:
+                self._wal = WriteAheadLog(durability.root, shard_id)
+                self._wal.start(self.version)
+
+    # ------------------------------------------------------------------ durability
+    COUNTERS = ("version", "examples", "rejected_pushes", "staleness_sum", "staleness_max", "staleness_count")
+
+    def checkpoint(self) -> int:
+        """Write a checkpoint now (atomic, checksummed). Returns the version saved."""
+        from distbelief.ps.checkpoint import save_checkpoint
+
+        d = self.durability
+        if d is None:
+            raise RuntimeError(f"shard {self.shard_id} has no checkpoint directory configured")
+        meta = {"shard_id": self.shard_id, "lo": self.lo, "hi": self.hi, "total": self.total}
+        meta.update({k: getattr(self, k) for k in self.COUNTERS})
+        tensors = {PARAMS: self.vectors[PARAMS]}
+        tensors.update({f"opt.{k}": v for k, v in self.opt_state.items() if not k.startswith("tmp")})
+        if self.last_seq:
+            tensors["dedup.sessions"] = torch.tensor(list(self.last_seq), dtype=torch.int64)
+            tensors["dedup.seqs"] = torch.tensor(list(self.last_seq.values()), dtype=torch.int64)
+        save_checkpoint(d.root, self.shard_id, meta, tensors, keep=d.keep)
+        self.checkpoints_written += 1
+        self._last_ckpt_version, self._last_ckpt_time = self.version, time.monotonic()
+        if self._wal is not None:
+            from distbelief.ps.checkpoint import shard_dir
+
+            self._wal.start(self.version)
+            kept = sorted(shard_dir(d.root, self.shard_id).glob("ckpt-*.safetensors"))
+            # Keep the log back to the oldest kept checkpoint, so falling back to it still loses nothing.
+            self._wal.drop_before(int(kept[0].stem.split("-")[1]) if kept else self.version)
+        return self.version
+
+    def _after_update(self, start: int, stop: int, num_examples: int, g: torch.Tensor, session: int = 0,
+                      seq: int = 0) -> None:
+        d = self.durability
+        if d is None:
+            return
+        if self._wal is not None:
+            self._wal.append(self.version, start, stop, num_examples, g.numpy(), session, seq)
+        due = (d.every_updates and self.version - self._last_ckpt_version >= d.every_updates) or (
+            d.every_seconds and time.monotonic() - self._last_ckpt_time >= d.every_seconds)
+        if due:
+            self.checkpoint()
+
+    @classmethod
+    def restore(cls, shard_id: int, lo: int, hi: int, optimizer, total: int, durability: Durability,
+                fallback_values=None) -> "ParameterShard":
+        """A shard rebuilt from its latest good checkpoint plus its write-ahead log.
+
+        With no checkpoint at all, ``fallback_values`` (the initial parameters) are used and the whole log is
+        replayed. Damaged checkpoints are skipped and listed in ``corrupt_checkpoints``.
+        """
+        from distbelief.ps.checkpoint import WriteAheadLog, latest_good_checkpoint
+
+        ck = latest_good_checkpoint(durability.root, shard_id)
+        if ck is not None:
+            if (ck.meta["lo"], ck.meta["hi"]) != (lo, hi):
+                raise ValueError(f"shard {shard_id}: checkpoint {ck.path} covers [{ck.meta['lo']}, {ck.meta['hi']}) "
+                                 f"but this shard owns [{lo}, {hi})")
+            state = {k[4:]: v.numpy() for k, v in ck.tensors.items() if k.startswith("opt.")}
+            shard = cls(shard_id, lo, hi, ck.tensors[PARAMS].numpy(), optimizer, total, None, state, ck.meta)
+            shard.corrupt_checkpoints = ck.skipped
+            if "dedup.sessions" in ck.tensors:
+                shard.last_seq = dict(zip(ck.tensors["dedup.sessions"].tolist(), ck.tensors["dedup.seqs"].tolist()))
+        else:
+            if fallback_values is None:
+                raise FileNotFoundError(f"shard {shard_id}: no usable checkpoint under {durability.root}")
+            shard = cls(shard_id, lo, hi, fallback_values, optimizer, total)
+        shard.restored_from_version = shard.version
+        for version_after, a, b, n_ex, session, seq, g in WriteAheadLog(durability.root, shard_id).replay(
+                shard.version):
+            if version_after != shard.version + 1:
+                break  # a gap: later records cannot be applied in order
+            gt = torch.from_numpy(g.copy())
+            w = shard.vectors[PARAMS]
+            shard.optimizer.apply(w[a:b], gt, {k: v[a:b] for k, v in shard.opt_state.items()})
+            shard.version += 1
+            shard.examples += n_ex
+            shard.replayed_updates += 1
+            if session:
+                shard.last_seq[session] = max(seq, shard.last_seq.get(session, 0))
+        shard.durability = durability
+        if durability.wal:
+            shard._wal = WriteAheadLog(durability.root, shard_id)
+        shard.checkpoint()  # a fresh base: the replayed state is durable before we accept new pushes
+        return shard
 
     # ------------------------------------------------------------------ Downpour
     def fetch(self, replica_id: int = -1) -> tuple[np.ndarray, int]:
         """The live parameter slice and its version. Callers in the same process must copy it."""
         return self._params_np, self.version
 
-    def push(self, replica_id: int, grad, offset: int, based_on_version: int, num_examples: int = 0) -> int:
+    def fetch_range(self, lo: int, hi: int, replica_id: int = -1) -> tuple[int, np.ndarray, int]:
+        """Our part of the flat range ``[lo, hi)``: ``(start, values, version)``, ``values`` covering
+        ``[start, start + len(values))`` (live; same-process callers copy). A model partition fetches only its
+        own parameters this way."""
+        a, b = max(self.lo, lo), min(self.hi, hi)
+        if b <= a:
+            return a, self._params_np[:0], self.version
+        return a, self._params_np[a - self.lo : b - self.lo], self.version
+
+    def push(self, replica_id: int, grad, offset: int, based_on_version: int, num_examples: int = 0,
+             session: int = 0, seq: int = 0) -> int:
         """Apply an accumulated gradient covering flat ``[offset, offset + len(grad))`` to our intersection.
 
         ``based_on_version`` is the version of this shard the replica's parameters came from; the difference to
         our current version is the push's staleness. Returns our version after the push. A push with a
         non-finite value or a range outside the model is rejected and counted, never applied.
         """
+        if session and seq <= self.last_seq.get(session, 0):
+            self.duplicate_pushes += 1
+            return self.version
         g_all = _as_tensor(grad)
         n = g_all.numel()
         if offset < 0 or offset + n > self.total or g_all.dtype != torch.float32:
@@ -98,23 +231,28 @@ class ParameterShard:
         self.staleness_count += 1
         self.version += 1
         self.examples += int(num_examples)
+        if session:
+            self.last_seq[session] = seq
+        self._after_update(a, b, int(num_examples), g, session, seq)
         return self.version
 
     def apply_mean(self, *grads) -> int:
         """Synchronous data parallelism: average full-vector gradients, apply one update. Returns the version."""
-        acc = None
+        acc, accepted = None, 0
         for grad in grads:
             g = _as_tensor(grad)[self.lo : self.hi]
-            if not bool(torch.isfinite(g).all()):
+            if g.numel() != self.hi - self.lo or not bool(torch.isfinite(g).all()):
                 self.rejected_pushes += 1
                 continue
             acc = g.clone() if acc is None else acc.add_(g)
+            accepted += 1
         if acc is None:
             return self.version
-        acc.div_(len(grads))
+        acc.div_(accepted)
         self.optimizer.apply(self.vectors[PARAMS], acc, self.opt_state)
         self.staleness_count += 1  # a synchronous update is never stale
         self.version += 1
+        self._after_update(0, self.hi - self.lo, 0, acc)
         return self.version
 
     def set_params(self, values) -> int:
@@ -131,6 +269,11 @@ class ParameterShard:
             "staleness_sum": self.staleness_sum,
             "staleness_max": self.staleness_max,
             "staleness_count": self.staleness_count,
+            "restored_from_version": self.restored_from_version,
+            "replayed_updates": self.replayed_updates,
+            "corrupt_checkpoints": list(self.corrupt_checkpoints),
+            "checkpoints_written": self.checkpoints_written,
+            "duplicate_pushes": self.duplicate_pushes,
         }
 
     # ------------------------------------------------------------------ vector operations (Sandblaster)
@@ -167,3 +310,41 @@ class ParameterShard:
         lo, hi = max(self.lo, offset), min(self.hi, offset + g.numel())
         if hi > lo:
             self._vec(x)[lo - self.lo : hi - self.lo].add_(g[lo - offset : hi - offset])
+
+    def lincomb(self, dst: str, terms: list[tuple[float, str]]) -> None:
+        """``dst = sum(c * v for c, v in terms)``; ``dst`` may appear among the terms.
+
+        One op instead of copy + scale + axpys: a line-search trial point is ``lincomb(params, [(1, x), (t, d)])``.
+        """
+        out = self._vec(dst)
+        # Written in place (never rebinding the tensor): ``params`` shares memory with what fetch() returns.
+        acc = torch.zeros_like(out) if any(name == dst for _, name in terms) else out.zero_()
+        for c, name in terms:
+            acc.add_(self._vec(name), alpha=float(c))
+        if acc is not out:
+            out.copy_(acc)
+
+    def dots(self, pairs: list[tuple[str, str]]) -> list[float]:
+        """This shard's partials of several inner products at once, in float64 (one round trip, not many)."""
+        cache: dict[str, torch.Tensor] = {}
+
+        def v64(name: str) -> torch.Tensor:
+            if name not in cache:
+                cache[name] = self._vec(name).double()
+            return cache[name]
+
+        return [float(torch.dot(v64(a), v64(b))) for a, b in pairs]
+
+    def execute(self, program: list[tuple]) -> list:
+        """Run a short program of vector ops, e.g. ``[("lincomb", "d", [...]), ("dots", [...])]``, in order, in
+        one call; returns each op's result (None for ops without one). Only the vector ops may be named."""
+        out = []
+        for op, *args in program:
+            if op not in VECTOR_OPS:
+                raise ValueError(f"shard {self.shard_id}: {op!r} is not a vector op; choose from "
+                                 f"{', '.join(sorted(VECTOR_OPS))}")
+            out.append(getattr(self, op)(*args))
+        return out
+
+
+VECTOR_OPS = frozenset({"zero", "copy", "scale", "axpy", "dot", "dots", "lincomb", "accumulate", "delete"})

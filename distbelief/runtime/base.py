@@ -6,8 +6,13 @@ deterministic tests) and :mod:`ray_runtime` (one Ray actor process per role, loc
 
 from __future__ import annotations
 
+import random
+import threading
+import time
 from abc import ABC, abstractmethod
 from typing import Any, Callable, Sequence
+
+from distbelief.exceptions import RoleFailedError
 
 
 class Future(ABC):
@@ -42,7 +47,45 @@ class ShardClient(ABC):
     shard (values must not be written by the caller), ``versions[k]`` the shard's version.
     ``push_async(grad, versions, num_examples)`` sends each shard its own range of the flat ``grad`` (copied
     before the call returns, so the caller may reuse the buffer).
+
+    When a shard dies, calls to it are not lost: they wait (bounded by the call's timeout) until the trainer
+    installs the restarted shard with ``replace_shard`` and are then re-sent to it. ``acked[k]`` is the highest
+    version shard k acknowledged to this client (used to count updates lost in a shard failure).
     """
+
+    def __init__(self, handles: list, layout):
+        self.handles = list(handles)
+        self.layout = layout
+        self.acked = [0] * len(self.handles)
+        self._replaced = threading.Condition()
+        # Pushes carry (session, seq) so that a shard can recognise a push it already applied when it is re-sent.
+        self.session = random.getrandbits(62) | 1
+        self.seq = 0
+
+    def next_seq(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    def replace_shard(self, shard_id: int, handle) -> None:
+        with self._replaced:
+            self.handles[shard_id] = handle
+            self._replaced.notify_all()
+
+    def await_replacement(self, shard_id: int, old, deadline: float):
+        """Block until shard ``shard_id``'s handle is no longer ``old``; RoleFailedError at ``deadline``."""
+        with self._replaced:
+            while self.handles[shard_id] is old:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise RoleFailedError(
+                        f"parameter shard {shard_id} died and was not restarted in time (remote_timeout_s)")
+                self._replaced.wait(min(left, 0.5))
+            return self.handles[shard_id]
+
+    def _ack(self, versions) -> None:
+        for k, v in enumerate(versions):
+            if v is not None and v > self.acked[k]:
+                self.acked[k] = v
 
     @abstractmethod
     def fetch_async(self) -> Future: ...

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import threading
+import time
 from typing import Any, Callable
 
 from distbelief.exceptions import RemoteTimeoutError, RoleFailedError
@@ -47,47 +48,58 @@ class _ThreadFuture(Future):
 
 
 class _Locked:
-    """A role object plus the lock that serialises calls into it."""
+    """A role object plus the lock that serialises calls into it; ``dead`` simulates a killed process."""
 
     def __init__(self, obj):
-        self.obj, self.lock = obj, threading.Lock()
+        self.obj, self.lock, self.dead = obj, threading.Lock(), False
 
 
 class InProcessShardClient(ShardClient):
-    def __init__(self, shards: list[Role], layout, replica_id: int):
-        self.shards, self.layout, self.replica_id = shards, layout, replica_id
+    def __init__(self, shards: list[Role], layout, replica_id: int, timeout_s: float = 120.0):
+        super().__init__([r.handle for r in shards], layout)
+        self.replica_id, self.timeout_s = replica_id, timeout_s
+
+    def _call(self, k: int, method: str, *args):
+        deadline = time.monotonic() + self.timeout_s
+        box: _Locked = self.handles[k]
+        while True:
+            with box.lock:
+                if not box.dead:
+                    return box.obj, getattr(box.obj, method)(*args)
+            box = self.await_replacement(k, box, deadline)
 
     def fetch_async(self) -> Future:
         parts, versions = [], []
-        for role in self.shards:
-            box: _Locked = role.handle
-            with box.lock:
-                values, version = box.obj.fetch(self.replica_id)
-                parts.append((box.obj.lo, values.copy()))
+        for k in range(len(self.handles)):
+            obj, (values, version) = self._call(k, "fetch", self.replica_id)
+            parts.append((obj.lo, values.copy()))  # copied under the shard's lock: a consistent snapshot
             versions.append(version)
         return _Done((parts, versions))
 
     def push_async(self, grad, versions, num_examples: int) -> Future:
         g = grad.numpy() if hasattr(grad, "numpy") else grad
-        for k, role in enumerate(self.shards):
-            box: _Locked = role.handle
+        acked = []
+        seq = self.next_seq()
+        for k in range(len(self.handles)):
             lo, hi = self.layout.range(k)
-            with box.lock:
-                box.obj.push(self.replica_id, g[lo:hi], lo, versions[k] if versions else 0, num_examples)
-        return _Done(None)
+            acked.append(self._call(k, "push", self.replica_id, g[lo:hi], lo, versions[k] if versions else 0,
+                                    num_examples, self.session, seq)[1])
+        self._ack(acked)
+        return _Done(acked)
 
 
 class InProcessRuntime(Runtime):
     name = "inprocess"
 
-    def __init__(self, max_workers: int = 64):
+    def __init__(self, max_workers: int = 64, remote_timeout_s: float = 120.0):
+        self.remote_timeout_s = remote_timeout_s
         self._pool = cf.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="distbelief-role")
 
     def create_shard(self, shard_id: int, factory: Callable[[], Any]) -> Role:
         return Role("shard", shard_id, _Locked(factory()))
 
     def create_replica(self, replica_id, factory, shards, layout, threads) -> Role:
-        client = InProcessShardClient(shards, layout, replica_id)
+        client = InProcessShardClient(shards, layout, replica_id, self.remote_timeout_s)
         return Role("replica", replica_id, _Locked(factory(client)))
 
     def call(self, role: Role, method: str, *args, **kwargs) -> Future:
@@ -96,6 +108,8 @@ class InProcessRuntime(Runtime):
 
             def locked():
                 with box.lock:
+                    if box.dead:
+                        raise RoleFailedError(f"{role.name} is dead")
                     return getattr(box.obj, method)(*args, **kwargs)
 
             return _ThreadFuture(self._pool.submit(locked), role.name)
@@ -103,9 +117,10 @@ class InProcessRuntime(Runtime):
         return _ThreadFuture(self._pool.submit(getattr(box.obj, method), *args, **kwargs), role.name)
 
     def shard_client(self, shards, layout, replica_id: int = -1) -> ShardClient:
-        return InProcessShardClient(shards, layout, replica_id)
+        return InProcessShardClient(shards, layout, replica_id, self.remote_timeout_s)
 
     def kill(self, role: Role) -> None:
+        role.handle.dead = True
         obj = role.handle.obj
         if hasattr(obj, "kill"):
             obj.kill()

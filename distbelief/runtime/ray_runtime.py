@@ -107,38 +107,78 @@ class _RayFuture(Future):
         return self.refs
 
 
+class _ShardCalls(Future):
+    """One call per shard. A call to a shard that died is re-sent to its replacement, within the timeout."""
+
+    def __init__(self, client: "RayShardClient", method: str, args: list[tuple], transform=None):
+        self.client, self.method, self.args, self.transform = client, method, args, transform
+        self.handles = list(client.handles)
+        self.refs = [h.call.remote(method, *a) for h, a in zip(self.handles, args)]
+        self.many = True
+
+    def result(self, timeout_s: float):
+        deadline = time.monotonic() + timeout_s
+        out = []
+        for k in range(len(self.refs)):
+            while True:
+                try:
+                    out.append(ray.get(self.refs[k], timeout=max(0.0, deadline - time.monotonic())))
+                    break
+                except GetTimeoutError:
+                    raise RemoteTimeoutError(
+                        f"parameter shard {k} did not answer {self.method} within {timeout_s:.0f}s "
+                        f"(raise remote_timeout_s if it is slow)") from None
+                except RayActorError:
+                    self.handles[k] = self.client.await_replacement(k, self.handles[k], deadline)
+                    self.refs[k] = self.handles[k].call.remote(self.method, *self.args[k])
+                except RayTaskError as e:
+                    raise RoleFailedError(f"parameter shard {k} failed in {self.method}: {e}") from e
+        return self.transform(out) if self.transform else out
+
+    def done(self) -> bool:
+        ready, _ = ray.wait(list(self.refs), num_returns=len(self.refs), timeout=0)
+        return len(ready) == len(self.refs)
+
+    def as_arg(self):
+        return self.refs
+
+
 class RayShardClient(ShardClient):
     def __init__(self, shard_handles, layout, replica_id: int, timeout_s: float = 120.0):
-        self.handles, self.layout, self.replica_id, self.timeout_s = shard_handles, layout, replica_id, timeout_s
+        super().__init__(shard_handles, layout)
+        self.replica_id, self.timeout_s = replica_id, timeout_s
         # On one node the object store is shared memory, so a single put serves every shard; across nodes each
         # shard must receive only its own range (sending it the whole vector would multiply network traffic).
         self.single_node = sum(1 for n in ray.nodes() if n.get("Alive")) == 1
 
     def fetch_async(self) -> Future:
-        refs = [h.call.remote("fetch", self.replica_id) for h in self.handles]
         los = [self.layout.range(k)[0] for k in range(len(self.handles))]
 
         def split(values):
             return [(lo, v[0]) for lo, v in zip(los, values)], [v[1] for v in values]
 
-        return _RayFuture(refs, "parameter shards (fetch)", many=True, transform=split)
+        return _ShardCalls(self, "fetch", [(self.replica_id,)] * len(self.handles), transform=split)
 
     def push_async(self, grad, versions, num_examples: int) -> Future:
         g = grad.numpy() if hasattr(grad, "numpy") else grad
-        refs = []
-        if self.single_node and len(self.handles) > 1:
+        n = len(self.handles)
+        vs = [versions[k] if versions else 0 for k in range(n)]
+        seq = self.next_seq()
+        if self.single_node and n > 1:
             # One object-store put shared by all shards: each maps the same memory and reads its own range.
+            # The future keeps the reference alive, so a push can be re-sent to a restarted shard.
             ref = ray.put(g)
-            for k, h in enumerate(self.handles):
-                refs.append(h.call.remote("push", self.replica_id, ref, 0, versions[k] if versions else 0,
-                                          num_examples))
-            return _RayFuture(refs, "parameter shards (push)", many=True)
-        for k, h in enumerate(self.handles):
-            lo, hi = self.layout.range(k)
-            # The slice is serialised into the object store right here, so the caller may reuse its buffer.
-            refs.append(h.call.remote("push", self.replica_id, g[lo:hi], lo, versions[k] if versions else 0,
-                                      num_examples))
-        return _RayFuture(refs, "parameter shards (push)", many=True)
+            args = [(self.replica_id, ref, 0, vs[k], num_examples, self.session, seq) for k in range(n)]
+        else:
+            # Each slice is serialised into the object store right here, so the caller may reuse its buffer.
+            args = [(self.replica_id, g[lo:hi], lo, vs[k], num_examples, self.session, seq)
+                    for k, (lo, hi) in enumerate(self.layout.range(j) for j in range(n))]
+
+        def ack(versions_after):
+            self._ack(versions_after)
+            return versions_after
+
+        return _ShardCalls(self, "push", args, transform=ack)
 
 
 class RayRuntime(Runtime):

@@ -1,0 +1,240 @@
+"""Model-parallel replicas on Ray: one actor per partition, a replica's partitions in one placement group.
+
+Layout of one replica::
+
+    PartitionGroupActor (0 CPU: the replica role the trainer calls — run / stop / stats / kill)
+      └─ placement group, P bundles, PACK (co-located where the cluster has room)
+           PartitionActor 0 (head) ... PartitionActor P-1   (1 CPU each)
+
+Transport choice (measured in benchmarks/transport.py, documented in docs/partitioning.md): a partition sends a
+boundary tensor as a plain numpy array argument of a one-way ``deliver`` call on the destination actor. Ray
+serialises a numpy array as a raw buffer (pickle protocol 5 out-of-band data, not a pickled Python object), and
+on one node a large one goes through the shared-memory object store and is mapped, not copied, by the receiver.
+The call needs no rendezvous: the sender never waits for the receiver to post a matching receive, which keeps
+the forward and backward passes free of deadlocks by construction.
+
+Partition actors are created by the group actor, so they share its fate: killing the replica role (fault
+injection, or the trainer's cleanup) takes its partitions and placement group with it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable, Hashable
+
+import numpy as np
+import ray
+import torch
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.util.placement_group import placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from distbelief.exceptions import ConfigError, RemoteTimeoutError, RoleFailedError
+from distbelief.partition.replica import merge_partition_stats
+from distbelief.partition.transport import Mailbox, Transport
+from distbelief.runtime.base import Future, Role, ShardClient
+
+PARTITION_CPUS = 1.0
+
+
+def _to_tensor(arr: np.ndarray) -> torch.Tensor:
+    """A torch view of a received buffer. Buffers mapped from the object store are read-only; partitions never
+    write received tensors (they are autograd leaves), so a zero-copy view is safe."""
+    if arr.flags.writeable:
+        return torch.from_numpy(arr)
+    return torch.frombuffer(memoryview(arr).cast("B"), dtype=torch.float32).view(arr.shape)
+
+
+class RayTransport(Transport):
+    """Sends are one-way actor calls carrying numpy buffers; receives wait on this actor's mailbox."""
+
+    def __init__(self, partition_id: int, mailbox: Mailbox):
+        self.partition_id, self.mailbox = partition_id, mailbox
+        self.peers: list[Any] = []
+
+    def send(self, dst: int, key: Hashable, tensor: torch.Tensor) -> None:
+        # Fire and forget: a lost message surfaces as the receiver's timeout, naming the sender and the key.
+        self.peers[dst].deliver.remote(self.partition_id, key, tensor.detach().numpy())
+
+    def recv(self, src: int, key: Hashable, timeout_s: float) -> torch.Tensor:
+        return _to_tensor(self.mailbox.take(src, key, timeout_s))
+
+
+class _RangeCalls(Future):
+    """One call per shard id; a call to a shard that died is re-sent to its replacement within the timeout."""
+
+    def __init__(self, client: "RayRangeClient", method: str, args: dict[int, tuple], transform=None):
+        self.client, self.method, self.args, self.transform = client, method, args, transform
+        self.handles = {k: client.handles[k] for k in args}
+        self.refs = {k: self.handles[k].call.remote(method, *a) for k, a in args.items()}
+
+    def result(self, timeout_s: float):
+        deadline = time.monotonic() + timeout_s
+        out = {}
+        for k in self.refs:
+            while True:
+                try:
+                    out[k] = ray.get(self.refs[k], timeout=max(0.0, deadline - time.monotonic()))
+                    break
+                except GetTimeoutError:
+                    raise RemoteTimeoutError(f"parameter shard {k} did not answer {self.method} within "
+                                             f"{timeout_s:.0f}s (raise remote_timeout_s if it is slow)") from None
+                except RayActorError:
+                    self.handles[k] = self.client.await_replacement(k, self.handles[k], deadline)
+                    self.refs[k] = self.handles[k].call.remote(self.method, *self.args[k])
+                except RayTaskError as e:
+                    raise RoleFailedError(f"parameter shard {k} failed in {self.method}: {e}") from e
+        return self.transform(out) if self.transform else out
+
+    def done(self) -> bool:
+        refs = list(self.refs.values())
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        return len(ready) == len(refs)
+
+
+class RayRangeClient(ShardClient):
+    """A partition's client for the shards holding its flat range ``[lo, hi)`` — only those are ever called."""
+
+    def __init__(self, shard_handles: list, layout, replica_id: int, timeout_s: float, lo: int, hi: int):
+        super().__init__(shard_handles, layout)
+        self.replica_id, self.timeout_s, self.lo, self.hi = replica_id, timeout_s, lo, hi
+        self.shard_ids = layout.shards_overlapping(lo, hi)
+
+    def fetch_async(self) -> Future:
+        def split(out):
+            return [(out[k][0], out[k][1]) for k in self.shard_ids], {k: out[k][2] for k in self.shard_ids}
+
+        args = {k: (self.lo, self.hi, self.replica_id) for k in self.shard_ids}
+        return _RangeCalls(self, "fetch_range", args, transform=split)
+
+    def push_async(self, grad, versions, num_examples: int) -> Future:
+        g = grad.numpy() if hasattr(grad, "numpy") else grad
+        args = {}
+        for k in self.shard_ids:
+            s_lo, s_hi = self.layout.range(k)
+            a, b = max(s_lo, self.lo), min(s_hi, self.hi)
+            # Each slice is serialised right here, so the caller may reuse its gradient buffer.
+            args[k] = (self.replica_id, g[a - self.lo: b - self.lo], a, versions[k] if versions else 0, num_examples)
+
+        def ack(out):
+            acked = [out.get(k) for k in range(len(self.handles))]
+            self._ack(acked)
+            return acked
+
+        return _RangeCalls(self, "push", args, transform=ack)
+
+
+@ray.remote
+class PartitionActor:
+    """Hosts one PartitionReplica. ``deliver`` runs on another actor thread while ``run`` waits for messages."""
+
+    def __init__(self, threads: int, factory: Callable, partition_id: int, replica_id: int, shard_handles,
+                 layout, timeout_s: float):
+        torch.set_num_threads(max(1, threads))
+        self.mailbox = Mailbox(f"replica {replica_id} partition {partition_id}")
+        self.transport = RayTransport(partition_id, self.mailbox)
+
+        def client_for(lo: int, hi: int) -> RayRangeClient:
+            return RayRangeClient(shard_handles, layout, replica_id, timeout_s, lo, hi)
+
+        self.obj = factory(partition_id, client_for if shard_handles is not None else None, self.transport)
+
+    def connect(self, peers: list) -> int:
+        self.transport.peers = peers
+        return os.getpid()
+
+    def deliver(self, src: int, key: Hashable, array: np.ndarray) -> None:
+        self.mailbox.put(src, key, array)
+
+    def abort(self, reason: str) -> None:
+        self.mailbox.fail(RoleFailedError(reason))
+
+    def call(self, method: str, *args, **kwargs):
+        return getattr(self.obj, method)(*args, **kwargs)
+
+
+@ray.remote
+class PartitionGroupActor:
+    """A model replica made of P partition actors; answers the calls of a replica role."""
+
+    def __init__(self, replica_id: int, factory: Callable, shard_handles, layout, num_partitions: int,
+                 threads: int, timeout_s: float, startup_timeout_s: float):
+        self.replica_id, self.timeout_s = replica_id, timeout_s
+        # PACK: all partitions of a replica on one node when it has room (their messages then stay in shared
+        # memory), spread over nodes otherwise.
+        self.pg = placement_group([{"CPU": PARTITION_CPUS}] * num_partitions, strategy="PACK")
+        try:
+            ray.get(self.pg.ready(), timeout=startup_timeout_s)
+        except GetTimeoutError:
+            raise RemoteTimeoutError(
+                f"replica {replica_id}: no room for {num_partitions} partitions x {PARTITION_CPUS:g} CPU within "
+                f"{startup_timeout_s:.0f}s; use fewer partitions or replicas") from None
+        self.actors = [
+            PartitionActor.options(
+                num_cpus=PARTITION_CPUS, max_concurrency=8, max_restarts=0,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=p),
+            ).remote(threads, factory, p, replica_id, shard_handles, layout, timeout_s)
+            for p in range(num_partitions)
+        ]
+        ray.get([a.connect.remote(self.actors) for a in self.actors], timeout=startup_timeout_s)
+
+    def _all(self, method: str, *args) -> list:
+        return ray.get([a.call.remote(method, *args) for a in self.actors], timeout=self.timeout_s)
+
+    def call(self, method: str, *args, **kwargs):
+        return getattr(self, f"_{method}")(*args, **kwargs)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def _run(self, max_steps: int | None = None, max_seconds: float | None = None) -> dict:
+        refs = [a.call.remote("run", max_steps, max_seconds) for a in self.actors]
+        pending = list(refs)
+        while pending:
+            # Short waits in a loop: the partitions' own receive timeouts bound how long a stuck group lives.
+            ready, pending = ray.wait(pending, num_returns=1, timeout=1.0)
+            for r in ready:
+                try:
+                    ray.get(r, timeout=self.timeout_s)
+                except Exception as e:  # noqa: BLE001 - one partition failed: end the others' waits now
+                    for a in self.actors:
+                        a.abort.remote(f"replica {self.replica_id}: another partition failed: {e}")
+                    raise RoleFailedError(f"replica {self.replica_id}: a partition failed: {e}") from e
+        return self._stats()
+
+    def _stop(self) -> None:
+        ray.get(self.actors[0].call.remote("stop"), timeout=self.timeout_s)
+
+    def _stats(self) -> dict:
+        return merge_partition_stats(self._all("stats"))
+
+    def _replace_shard(self, shard_id: int, handle) -> None:
+        self._all("replace_shard", shard_id, handle)
+
+    def _params(self) -> list:
+        return self._all("params")
+
+    def _broadcast(self, method: str, *args) -> list:
+        """Call ``method`` on every partition at once (they run in lockstep) and return their answers."""
+        return self._all(method, *args)
+
+
+def create_ray_partition_group(runtime, replica_id: int, factory: Callable, shards: list[Role] | None, layout,
+                               threads: int, num_partitions: int) -> Role:
+    """Place replica ``replica_id`` as ``num_partitions`` partition actors; returns the replica role."""
+    free = ray.available_resources().get("CPU", 0.0)
+    need = num_partitions * PARTITION_CPUS
+    if need > free + 1e-9:
+        raise ConfigError("partitions", f"replica {replica_id} needs {need:g} CPUs for {num_partitions} partitions "
+                                        f"but the Ray cluster has {free:g} free; use fewer partitions or replicas")
+    handles = [s.handle for s in shards] if shards is not None else None
+    per_partition_threads = max(1, threads // num_partitions)
+    startup = getattr(runtime, "startup_timeout_s", 180.0)
+    leader = PartitionGroupActor.options(num_cpus=0, max_concurrency=4, max_restarts=0).remote(
+        replica_id, factory, handles, layout, num_partitions, per_partition_threads, runtime.remote_timeout_s,
+        startup)
+    runtime._actors.append(leader)  # shutdown() kills it, and with it its partitions
+    role = Role("replica", replica_id, leader)
+    runtime.wait_ready([role])
+    return role

@@ -1,0 +1,457 @@
+"""The Sandblaster coordinator: batch L-BFGS whose vectors never leave the parameter shards (PAPER.md §3).
+
+The coordinator holds scalars only: the loss, the Gram matrix of the L-BFGS basis (O(m^2) floats), step sizes,
+and the portion bookkeeping. Every vector — the parameters, the accepted point ``x``, the gradients, the direction
+``d``, the history ring ``s0..s{m}``, ``y0..y{m}`` — lives sliced on the ``ParameterShard``s, which run short
+*programs* of vector operations on their own slice (``execute``: ``lincomb``, ``dots``, ``copy``, ``zero``, ...)
+and answer with partial scalars that the coordinator sums.
+
+Gradients are computed by replicas on *portions* of the batch (``PortionQueue``). A replica accumulates the
+gradients of the portions it won and, every ``push_every_portions`` portions, hands them over; the coordinator
+forwards that result to the shards' ``accumulate`` as a reference (``Future.as_arg``) — the gradient travels
+replica -> shards and never through the coordinator.
+
+Plain Python: the runtime is the only thing it talks to, and it never imports an engine.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from distbelief.exceptions import DistBeliefError, RemoteTimeoutError, RoleFailedError
+from distbelief.ps.shard import PARAMS
+from distbelief.runtime.base import Future, Role, Runtime
+from distbelief.sandblaster.lbfgs import Gram, LBFGSSettings, directional_derivative, two_loop_coefficients
+from distbelief.sandblaster.portions import PortionQueue
+
+X, D, GRADS = "x", "d", ("g0", "g1")
+
+
+@dataclass(frozen=True)
+class CoordinatorSettings:
+    """How the coordinator runs (see docs/sandblaster.md).
+
+    Attributes:
+        num_examples: size of the training set every replica holds.
+        batch_size: examples per gradient evaluation (>= num_examples means full batch).
+        portion_size: examples per portion.
+        push_every_portions: a replica hands over its accumulated gradient after winning this many portions
+            (and whenever nothing is left to hand out).
+        backup_tasks: near the end of a batch, give running portions to idle replicas too.
+        force_backups: testing only: every portion is computed by two replicas.
+        lbfgs: the L-BFGS and line-search constants.
+        seed: seeds the batch order (full batch ignores it).
+        remote_timeout_s: the longest any call may take; a replica over it is treated as dead.
+        poll_s: how long one wait for results may block before the loop looks at timeouts and hooks.
+    """
+
+    num_examples: int
+    batch_size: int
+    portion_size: int
+    push_every_portions: int = 4
+    backup_tasks: bool = True
+    force_backups: bool = False
+    lbfgs: LBFGSSettings = field(default_factory=LBFGSSettings)
+    seed: int = 0
+    remote_timeout_s: float = 120.0
+    poll_s: float = 0.5
+
+    @property
+    def effective_batch(self) -> int:
+        return min(self.batch_size, self.num_examples)
+
+    @property
+    def full_batch(self) -> bool:
+        return self.batch_size >= self.num_examples
+
+
+@dataclass
+class _Slot:
+    """The coordinator's view of one replica."""
+
+    role: Role
+    future: Future | None = None
+    kind: str = ""  # "compute" or "take"
+    call_eval: int = -1  # the evaluation the outstanding call belongs to
+    started_s: float = 0.0
+    eval_id: int = -1  # the evaluation whose state the replica holds (parameters, accumulator)
+    keep_last: bool | None = None  # verdict on the replica's last computed portion, sent with its next call
+    unpushed: list[int] = field(default_factory=list)  # won portions still inside the replica
+    take_pids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class _Push:
+    """A replica's accumulated gradient on its way into every shard's ``accumulate``."""
+
+    futures: list[Future]
+    portion_ids: list[int]
+    replica_id: int
+    role: Role
+    started_s: float
+
+
+@dataclass
+class StepResult:
+    """What one L-BFGS iteration did."""
+
+    accepted: bool
+    loss: float  # f at the (new) point, on this iteration's batch
+    step: float  # t, the accepted step length (0 when rejected)
+    evals: int  # trial points evaluated by the line search
+    stopped: str = ""  # non-empty when the optimisation cannot continue (converged, line search failed)
+
+
+class Coordinator:
+    """Runs Sandblaster L-BFGS through a Runtime. Not thread-safe: one driver thread calls ``step``.
+
+    Args:
+        runtime: places and calls roles.
+        shards: the parameter shards (their ``params`` vector is the model; it is the starting point).
+        replicas: replica id -> placed SandblasterReplica role.
+        settings: see CoordinatorSettings.
+        restart: called with ``(replica_id, error)`` when a replica fails; returns a replacement role, or None to
+            go on without it. Default: go on without it.
+        log: progress messages.
+        on_poll: called on every turn of the portion loop (fault injection, tests).
+    """
+
+    def __init__(self, runtime: Runtime, shards: list[Role], replicas: dict[int, Role],
+                 settings: CoordinatorSettings,
+                 restart: Callable[[int, Exception], Role | None] | None = None,
+                 log: Callable[[str], None] | None = None,
+                 on_poll: Callable[["Coordinator"], None] | None = None):
+        if not replicas:
+            raise ValueError("the coordinator needs at least one replica")
+        self.runtime, self.shards, self.settings = runtime, shards, settings
+        self.slots = {rid: _Slot(role) for rid, role in replicas.items()}
+        self.restart = restart
+        self.log = log or (lambda msg: None)
+        self.on_poll = on_poll
+        self.timeout_s = settings.remote_timeout_s
+        m = settings.lbfgs.history
+        # m + 1 slots: the new pair is written into a free slot, so a pair that fails the curvature test never
+        # overwrites the oldest live pair.
+        self._free = [(f"s{i}", f"y{i}") for i in range(m + 1)]
+        self.pairs: list[tuple[str, str]] = []  # live pairs, oldest first
+        self.gram = Gram()
+        self.g, self.g_next = GRADS
+        self._grad_target = self.g  # the gradient vector the current evaluation accumulates into
+        self.f = math.nan
+        self.batch_id = 0
+        self._need_eval = True
+        self.eval_id = -1
+        self.queue: PortionQueue | None = None
+        # counters (reported in metrics and summary)
+        self.iterations = 0
+        self.gradient_evals = 0
+        self.line_search_evals = 0
+        self.portions_done = 0
+        self.portions_duplicated = 0
+        self.backups_issued = 0
+        self.portions_requeued = 0
+        self.replica_failures = 0
+        self.examples = 0
+        self.portions_by_replica: dict[int, int] = {rid: 0 for rid in replicas}
+        self._started = False
+
+    # ------------------------------------------------------------------ shard programs
+    def _program(self, ops: list[tuple]) -> list:
+        """Run ``ops`` on every shard's slice in one round trip; partial scalars are summed over the shards."""
+        futs = [self.runtime.call(s, "execute", ops) for s in self.shards]
+        per_shard = []
+        for k, f in enumerate(futs):
+            try:
+                per_shard.append(f.result(self.timeout_s))
+            except RoleFailedError as e:
+                raise RoleFailedError(f"parameter shard {k} failed during an L-BFGS vector program: {e}. "
+                                      f"Sandblaster keeps its history on the shards and cannot continue") from e
+        out = []
+        for i in range(len(ops)):
+            vals = [r[i] for r in per_shard]
+            if vals[0] is None:
+                out.append(None)
+            elif isinstance(vals[0], (list, tuple)):
+                out.append([math.fsum(col) for col in zip(*vals)])
+            else:
+                out.append(math.fsum(vals))
+        return out
+
+    def _dots(self, pairs: list[tuple[str, str]], ops: list[tuple] | None = None) -> None:
+        """Run ``ops`` then the inner products ``pairs`` (one round trip) and record them in the Gram matrix."""
+        ops = list(ops or []) + [("dots", pairs)]
+        values = self._program(ops)[-1]
+        for (a, b), v in zip(pairs, values):
+            self.gram.set(a, b, v)
+
+    # ------------------------------------------------------------------ L-BFGS
+    def start(self) -> None:
+        """Remember the shards' current parameters as the starting point ``x``."""
+        self._program([("copy", PARAMS, X)])
+        self._started = True
+
+    def _basis(self) -> list[str]:
+        return [name for pair in self.pairs for name in pair]
+
+    def _evaluate_at_x(self) -> None:
+        """f and g at the accepted point on this iteration's batch, and g's Gram entries."""
+        self._program([("zero", self.g)])
+        self.f = self._evaluate(self.g)
+        self.gram.forget(self.g)
+        self._dots([(self.g, b) for b in self._basis() + [self.g]])
+        self._need_eval = False
+
+    def step(self) -> StepResult:
+        """One L-BFGS iteration: direction by the two-loop recursion, then a backtracking Armijo line search."""
+        if not self._started:
+            self.start()
+        lb = self.settings.lbfgs
+        if self._need_eval:
+            self._evaluate_at_x()
+        gg = self.gram(self.g, self.g)
+        if not math.isfinite(self.f) or not math.isfinite(gg):
+            return StepResult(False, self.f, 0.0, 0, stopped="loss or gradient is not finite")
+        if lb.grad_tol and math.sqrt(gg) <= lb.grad_tol:
+            return StepResult(False, self.f, 0.0, 0, stopped="converged (gradient norm below grad_tol)")
+        coeffs = two_loop_coefficients(self.pairs, self.g, self.gram)
+        gd = directional_derivative(coeffs, self.g, self.gram)
+        if not gd < 0:  # not a descent direction (numerical trouble): fall back to steepest descent
+            self._clear_history()
+            coeffs, gd = {self.g: -1.0}, -gg
+        # Without curvature information the first step is normalised, so that ||t d|| <= 1.
+        t = 1.0 if self.pairs else min(1.0, 1.0 / math.sqrt(gg))
+        ops: list[tuple] = [("lincomb", D, [(c, name) for name, c in coeffs.items()])]
+        for k in range(1, lb.max_evals + 1):
+            ops += [("lincomb", PARAMS, [(1.0, X), (t, D)]), ("zero", self.g_next)]
+            self._program(ops)
+            ops = []
+            f_t = self._evaluate(self.g_next)
+            self.line_search_evals += 1
+            if math.isfinite(f_t) and f_t <= self.f + lb.c1 * t * gd:
+                self._accept(t, f_t)
+                return StepResult(True, f_t, t, k)
+            t *= lb.backtrack
+        # No sufficient decrease: stay at x. With history, retry along -g next time; without, we are done.
+        self._program([("copy", X, PARAMS)])
+        if self.pairs:
+            self._clear_history()
+            self.log("line search failed; history cleared, next iteration takes a steepest-descent step")
+            return StepResult(False, self.f, 0.0, lb.max_evals)
+        return StepResult(False, self.f, 0.0, lb.max_evals,
+                          stopped="line search failed along the steepest descent (converged to precision)")
+
+    def _accept(self, t: float, f_t: float) -> None:
+        lb = self.settings.lbfgs
+        s, y = self._free.pop(0)
+        self.gram.forget(s)
+        self.gram.forget(y)
+        self.gram.forget(self.g_next)
+        ops = [
+            ("lincomb", s, [(t, D)]),  # s = x_new - x
+            ("lincomb", y, [(1.0, self.g_next), (-1.0, self.g)]),  # y = g_new - g (same batch)
+            ("copy", PARAMS, X),
+        ]
+        basis = self._basis()
+        new = [s, y]
+        full = self.settings.full_batch
+        if full:
+            new.append(self.g_next)  # it is also the next iteration's gradient
+        pairs = []
+        for i, a in enumerate(new):
+            pairs += [(a, b) for b in basis] + [(a, b) for b in new[: i + 1]]
+        self._dots(pairs, ops)
+        if self.gram(s, y) > lb.curvature_eps:
+            self.pairs.append((s, y))
+            if len(self.pairs) > lb.history:
+                self._release(self.pairs.pop(0))
+        else:
+            self._release((s, y))
+        self.gram.forget(self.g)
+        self.g, self.g_next = self.g_next, self.g
+        self.f = f_t
+        self.iterations += 1
+        if not full:
+            self.batch_id += 1
+            self._need_eval = True
+
+    def _release(self, pair: tuple[str, str]) -> None:
+        self.gram.forget(pair[0])
+        self.gram.forget(pair[1])
+        self._free.append(pair)
+
+    def _clear_history(self) -> None:
+        for pair in self.pairs:
+            self._release(pair)
+        self.pairs = []
+
+    # ------------------------------------------------------------------ one gradient evaluation
+    def _evaluate(self, grad: str) -> float:
+        """Mean loss over the batch at the shards' ``params``; its gradient is added into ``grad`` (already zero).
+
+        Returns once every portion's gradient is on the shards, each counted exactly once.
+        """
+        cfg = self.settings
+        self.eval_id += 1
+        self._grad_target = grad
+        self.queue = q = PortionQueue(cfg.effective_batch, cfg.portion_size, list(self.slots),
+                                      backup_tasks=cfg.backup_tasks, force_backups=cfg.force_backups)
+        for slot in self.slots.values():
+            slot.unpushed = []
+        losses: dict[int, float] = {}
+        pushes: list[_Push] = []
+        while not q.all_committed():
+            if self.on_poll is not None:
+                self.on_poll(self)
+            for rid in list(self.slots):
+                if self.slots[rid].future is None:
+                    self._dispatch(rid, q)
+            waiting = [s.future for s in self.slots.values() if s.future is not None]
+            waiting += [f for p in pushes for f in p.futures]
+            if not waiting:
+                if not self.slots:
+                    raise DistBeliefError("every replica failed and none could be restarted")
+                raise AssertionError("portion queue stalled: portions left but nothing running")
+            done = self.runtime.wait_any(waiting, cfg.poll_s)
+            done_ids = {id(f) for f in done}
+            for rid in list(self.slots):
+                slot = self.slots.get(rid)
+                if slot is not None and slot.future is not None and id(slot.future) in done_ids:
+                    self._on_replica_result(rid, q, losses, pushes)
+            for push in [p for p in pushes if all(f.done() for f in p.futures)]:
+                pushes.remove(push)
+                self._on_push_done(push, q)
+            self._check_deadlines(q, pushes)
+        self.backups_issued += q.backups_issued
+        self.gradient_evals += 1
+        self.examples += cfg.effective_batch
+        return math.fsum(losses.values())
+
+    def _dispatch(self, rid: int, q: PortionQueue) -> None:
+        """Decide what an idle replica does next, and send it."""
+        slot = self.slots[rid]
+        current = slot.eval_id == self.eval_id
+        keep = bool(slot.keep_last) if current else False
+        if current and slot.unpushed and (len(slot.unpushed) >= self.settings.push_every_portions
+                                          or q.num_pending == 0):
+            slot.take_pids, slot.unpushed = slot.unpushed, []
+            self._send(slot, "take", "take_gradient", self.eval_id, keep)
+            return
+        p = q.next_for(rid)
+        if p is None:
+            return
+        self._send(slot, "compute", "compute", self.eval_id, self.batch_id, self.settings.effective_batch,
+                   p.portion_id, p.lo, p.hi, keep)
+        slot.eval_id = self.eval_id
+
+    def _send(self, slot: _Slot, kind: str, method: str, *args) -> None:
+        slot.future = self.runtime.call(slot.role, method, *args)
+        slot.kind, slot.call_eval, slot.started_s, slot.keep_last = kind, self.eval_id, time.monotonic(), None
+
+    def _on_replica_result(self, rid: int, q: PortionQueue, losses: dict[int, float],
+                           pushes: list[_Push]) -> None:
+        slot = self.slots[rid]
+        fut, kind, call_eval = slot.future, slot.kind, slot.call_eval
+        slot.future = None
+        if kind == "compute":
+            try:
+                eval_id, pid, loss, _ = fut.result(self.timeout_s)  # four scalars
+            except (RoleFailedError, RemoteTimeoutError) as e:
+                self._replica_failed(rid, e, q)
+                return
+            self.portions_by_replica[rid] = self.portions_by_replica.get(rid, 0) + 1
+            if call_eval != self.eval_id:  # a backup still running when the last evaluation finished
+                self.portions_duplicated += 1
+                return
+            won = q.result(pid, rid)
+            slot.keep_last = won
+            if won:
+                losses[pid] = loss
+                slot.unpushed.append(pid)
+            else:
+                self.portions_duplicated += 1
+            return
+        # "take": the accumulated gradient is ready (in Ray's object store); pass it on without looking at it.
+        pids, slot.take_pids = slot.take_pids, []
+        try:
+            ref = fut.as_arg()
+        except (RoleFailedError, RemoteTimeoutError) as e:  # the in-process runtime reports a failed take here
+            self._replica_failed(rid, e, q)  # the portions are still "won" by it: re-queued
+            return
+        q.pushing(pids)
+        futs = [self.runtime.call(s, "accumulate", self._grad_target, ref, 0) for s in self.shards]
+        pushes.append(_Push(futs, pids, rid, slot.role, time.monotonic()))
+
+    def _on_push_done(self, push: _Push, q: PortionQueue) -> None:
+        errors = []
+        for f in push.futures:
+            try:
+                f.result(self.timeout_s)
+            except (RoleFailedError, RemoteTimeoutError) as e:
+                errors.append(e)
+        if not errors:
+            q.committed(push.portion_ids)
+            self.portions_done += len(push.portion_ids)
+            return
+        if len(errors) < len(push.futures):
+            raise RoleFailedError(f"a parameter shard failed while adding a gradient push ({errors[0]}); the "
+                                  f"batch gradient is inconsistent and Sandblaster cannot continue")
+        # Every shard refused it: the push itself never existed (its replica died while producing it).
+        self.portions_requeued += len(q.lost(push.portion_ids))
+        slot = self.slots.get(push.replica_id)
+        if slot is not None and slot.role is push.role:
+            slot.future = None
+            self._replica_failed(push.replica_id, errors[0], q)
+
+    def _check_deadlines(self, q: PortionQueue, pushes: list[_Push]) -> None:
+        now = time.monotonic()
+        for rid in list(self.slots):
+            slot = self.slots[rid]
+            if slot.future is not None and now - slot.started_s > self.timeout_s:
+                slot.future = None
+                self._replica_failed(rid, RemoteTimeoutError(
+                    f"replica {rid} did not answer {slot.kind} within {self.timeout_s:.0f}s (remote_timeout_s)"), q)
+        for push in pushes:
+            if now - push.started_s > self.timeout_s:
+                raise RemoteTimeoutError(f"parameter shards did not add a gradient push within "
+                                         f"{self.timeout_s:.0f}s (remote_timeout_s)")
+
+    def _replica_failed(self, rid: int, err: Exception, q: PortionQueue | None) -> None:
+        """Re-queue what the replica held, then replace it (or go on without it)."""
+        slot = self.slots[rid]
+        self.replica_failures += 1
+        if q is not None:
+            back = q.replica_failed(rid)
+            self.portions_requeued += len(back)
+        self.log(f"replica {rid} failed ({err}); its portions are re-queued")
+        try:
+            self.runtime.kill(slot.role)
+        except Exception:  # noqa: BLE001 - it is already gone
+            pass
+        new_role = self.restart(rid, err) if self.restart is not None else None
+        if new_role is None:
+            del self.slots[rid]
+            if not self.slots:
+                raise DistBeliefError(f"every replica failed (last: replica {rid}: {err})")
+            return
+        self.slots[rid] = _Slot(new_role)
+        if q is not None:
+            q.add_replica(rid)
+
+    # ------------------------------------------------------------------ reporting
+    def stats(self) -> dict:
+        return {
+            "iterations": self.iterations,
+            "gradient_evals": self.gradient_evals,
+            "line_search_evals": self.line_search_evals,
+            "portions_done": self.portions_done,
+            "portions_duplicated": self.portions_duplicated,
+            "backup_tasks_issued": self.backups_issued,
+            "portions_requeued": self.portions_requeued,
+            "replica_failures": self.replica_failures,
+            "examples": self.examples,
+            "loss": self.f,
+            "history_pairs": len(self.pairs),
+        }

@@ -1,0 +1,191 @@
+"""SandblasterReplica: computes gradients of batch portions for the coordinator (PAPER.md §3).
+
+Protocol (the coordinator keeps at most one call outstanding per replica, so calls never overlap):
+
+* ``compute(eval_id, batch_id, batch_size, portion_id, lo, hi, keep_last)`` — the first call of a new ``eval_id``
+  fetches the parameters from the shards (once per evaluation) and starts a fresh accumulator. The gradient of the
+  portion is left in ``grads``; the coordinator decides whether it counts (first result for that portion) and says
+  so in ``keep_last`` of the *next* call, which adds it to the accumulator or drops it. Returns scalars only.
+* ``take_gradient(eval_id, keep_last)`` — applies the pending decision and hands over the accumulated gradient of
+  the portions this replica won since its last push (a new float32 array). The coordinator forwards the result to
+  the shards' ``accumulate`` without fetching it (``Future.as_arg``).
+
+The portion's contribution is ``mean_loss(portion) * n_portion / batch_size``, i.e. its share of the batch mean,
+so that summing the portions gives exactly the gradient of the batch's mean loss.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+
+from distbelief.data.batches import BatchSource
+from distbelief.downpour.replica import ReplicaKilled
+from distbelief.ps.sharding import bind_flat
+
+
+def batch_indices(num_examples: int, batch_size: int, batch_id: int, seed: int) -> np.ndarray:
+    """Dataset indices of batch ``batch_id``: all examples in order when ``batch_size >= num_examples``, else
+    consecutive slices of a per-epoch seeded permutation. Every replica computes the same answer locally, so only
+    ``batch_id`` travels."""
+    if batch_size >= num_examples:
+        return np.arange(num_examples)
+    per_epoch = num_examples // batch_size
+    epoch, k = divmod(batch_id, per_epoch)
+    perm = np.random.default_rng((seed, epoch)).permutation(num_examples)
+    return perm[k * batch_size : (k + 1) * batch_size]
+
+
+@dataclass(frozen=True)
+class SandblasterReplicaSettings:
+    """Replica settings. The last three emulate machines (benchmarks and tests only).
+
+    Attributes:
+        seed: seeds the batch order (must be the same in every replica).
+        remote_timeout_s: how long a parameter fetch may take.
+        portion_delay_s: sleep this long per portion, emulating compute on a dedicated machine.
+        straggler_slowdown: this replica takes ``straggler_slowdown`` times as long per portion (1 = normal).
+    """
+
+    seed: int = 0
+    remote_timeout_s: float = 120.0
+    portion_delay_s: float = 0.0
+    straggler_slowdown: float = 1.0
+
+
+class SandblasterReplica:
+    """One model replica serving portions. It holds the whole training set (any replica may compute any portion,
+    which backup tasks need).
+
+    Thread-safety: the coordinator never overlaps calls to one replica; ``stats`` and ``kill`` may come from any
+    thread.
+    """
+
+    def __init__(self, replica_id: int, model: torch.nn.Module, dataset, client,
+                 settings: SandblasterReplicaSettings,
+                 loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]):
+        self.replica_id = replica_id
+        self.model = model
+        self.data = BatchSource(dataset, np.arange(len(dataset)), 1, seed=settings.seed)  # used for .take only
+        self.num_examples = len(dataset)
+        self.client = client
+        self.settings = settings
+        self.loss_fn = loss_fn
+        self.flat, self.grads = bind_flat(model)  # .grad of every parameter is a view into self.grads
+        self.acc = torch.zeros_like(self.grads)
+        self.eval_id = -1
+        self._batch: tuple[int, int, np.ndarray] | None = None  # (batch_id, batch_size, indices)
+        self._has_last = False
+        self._killed = False
+        self._lock = threading.Lock()
+        self.portions = 0
+        self.examples = 0
+        self.fetches = 0
+        self.pushes = 0
+        self.compute_s = 0.0
+        self.last_loss = math.nan
+
+    # ---------------------------------------------------------------- control
+    def kill(self) -> None:
+        self._killed = True
+
+    def stats(self) -> dict:
+        return {"replica_id": self.replica_id, "portions": self.portions, "examples": self.examples,
+                "fetches": self.fetches, "pushes": self.pushes, "compute_s": self.compute_s,
+                "steps": self.portions, "loss_ema": self.last_loss}
+
+    # ---------------------------------------------------------------- portions
+    def _check_alive(self) -> None:
+        if self._killed:
+            raise ReplicaKilled(f"replica {self.replica_id} was killed (fault injection)")
+
+    def _begin(self, eval_id: int) -> None:
+        """A new evaluation: fetch its parameters once, start an empty accumulator."""
+        parts, _ = self.client.fetch_async().result(self.settings.remote_timeout_s)
+        for lo, values in parts:
+            self.flat[lo : lo + len(values)].copy_(torch.as_tensor(values))
+        self.acc.zero_()
+        self._has_last = False
+        self.eval_id = eval_id
+        self.fetches += 1
+
+    def _settle_last(self, keep_last: bool) -> None:
+        if self._has_last and keep_last:
+            self.acc.add_(self.grads)
+        self._has_last = False
+
+    def compute(self, eval_id: int, batch_id: int, batch_size: int, portion_id: int, lo: int, hi: int,
+                keep_last: bool) -> tuple[int, int, float, float]:
+        """Gradient of examples ``[lo, hi)`` of batch ``batch_id``, kept until the coordinator's next call.
+
+        Returns ``(eval_id, portion_id, loss_contribution, compute_s)``; ``loss_contribution`` sums over the
+        portions of a batch to the batch's mean loss.
+        """
+        self._check_alive()
+        with self._lock:
+            if eval_id != self.eval_id:
+                self._begin(eval_id)
+            else:
+                self._settle_last(keep_last)
+            t0 = time.perf_counter()
+            if self._batch is None or self._batch[:2] != (batch_id, batch_size):
+                self._batch = (batch_id, batch_size,
+                               batch_indices(self.num_examples, batch_size, batch_id, self.settings.seed))
+            idx = self._batch[2][lo:hi]
+            x, y = self.data.take(idx)
+            self.grads.zero_()
+            # This portion's share of the batch mean: summing all portions gives the batch gradient exactly.
+            loss = self.loss_fn(self.model(x), y) * (len(idx) / min(batch_size, self.num_examples))
+            loss.backward()
+            self._has_last = True
+            spent = time.perf_counter() - t0
+            s = self.settings
+            extra = s.portion_delay_s + (s.straggler_slowdown - 1.0) * (spent + s.portion_delay_s)
+            if extra > 0:
+                time.sleep(extra)
+            self.compute_s += time.perf_counter() - t0
+            self.portions += 1
+            self.examples += len(idx)
+            value = float(loss.item())
+            self.last_loss = value
+            self._check_alive()  # a replica killed while computing must not report a result
+            return eval_id, portion_id, value, spent
+
+    def take_gradient(self, eval_id: int, keep_last: bool) -> np.ndarray:
+        """Hand over the accumulated gradient of the portions this replica won since its last push."""
+        self._check_alive()
+        with self._lock:
+            if eval_id != self.eval_id:
+                raise RuntimeError(f"replica {self.replica_id}: take_gradient for evaluation {eval_id}, but it "
+                                   f"is on evaluation {self.eval_id}")
+            self._settle_last(keep_last)
+            out = self.acc.numpy().copy()  # a new buffer: the shards may read it after we move on
+            self.acc.zero_()
+            self.pushes += 1
+            return out
+
+
+@dataclass
+class SandblasterReplicaRecipe:
+    """Builds a SandblasterReplica where it will live (picklable: it travels to the replica's process)."""
+
+    replica_id: int
+    model_fn: Callable[[], torch.nn.Module]
+    train_data: object  # Dataset or zero-argument factory of one
+    settings: SandblasterReplicaSettings
+    loss_fn: Callable
+
+    def __call__(self, client) -> SandblasterReplica:
+        from distbelief.downpour.trainer import materialize
+
+        ds = materialize(self.train_data)
+        # The model's initial values do not matter (the first call fetches the shards' parameters); seeding
+        # only keeps construction reproducible.
+        torch.manual_seed(self.settings.seed + 1009 * (self.replica_id + 1))
+        return SandblasterReplica(self.replica_id, self.model_fn(), ds, client, self.settings, self.loss_fn)

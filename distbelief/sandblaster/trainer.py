@@ -1,0 +1,239 @@
+"""The Sandblaster driver: starts shards and replicas, runs the Coordinator, evaluates, stops, reports.
+
+Same run directory and summary fields as the Downpour trainer, plus Sandblaster's own counters
+(``iterations``, ``portions_done``, ``portions_duplicated``, ``line_search_evals``, ...).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from functools import partial
+
+import torch
+
+from distbelief.downpour.trainer import Job, materialize
+from distbelief.evaluation import evaluate
+from distbelief.metrics import Clock, RunRecorder
+from distbelief.policies import Decision, RestartPolicy
+from distbelief.ps.shard import ParameterShard
+from distbelief.ps.sharding import ShardLayout, flatten, unflatten_into
+from distbelief.runtime.base import Role, Runtime
+from distbelief.sandblaster.coordinator import Coordinator, CoordinatorSettings
+from distbelief.sandblaster.lbfgs import LBFGSSettings
+from distbelief.sandblaster.replica import SandblasterReplicaRecipe, SandblasterReplicaSettings
+
+
+def start_vector_shards(runtime: Runtime, init: torch.Tensor, num_shards: int) -> tuple[ShardLayout, list[Role]]:
+    """Place ``num_shards`` shards holding the balanced slices of ``init``; no server optimizer (L-BFGS updates
+    the parameters through vector ops, never through pushes)."""
+    total = init.numel()
+    layout = ShardLayout.balanced(total, num_shards)
+    shards = []
+    for k in range(num_shards):
+        lo, hi = layout.range(k)
+        shards.append(runtime.create_shard(k, partial(ParameterShard, k, lo, hi, init[lo:hi].numpy(), None, total)))
+    return layout, shards
+
+
+def read_params(client, total: int, timeout_s: float) -> torch.Tensor:
+    """The shards' ``params`` as one flat vector (for evaluation in the driver; never used by the coordinator)."""
+    parts, _ = client.fetch_async().result(timeout_s)
+    flat = torch.empty(total, dtype=torch.float32)
+    for lo, values in parts:
+        flat[lo : lo + len(values)].copy_(torch.as_tensor(values))
+    return flat
+
+
+class SandblasterTrainer:
+    """Runs ``strategy = "sandblaster"`` over a Runtime. One instance per run."""
+
+    def __init__(self, job: Job, runtime: Runtime, recorder: RunRecorder):
+        self.job, self.runtime, self.rec = job, runtime, recorder
+        cfg = self.cfg = job.cfg
+        self.timeout_s = cfg.remote_timeout_s
+        self.policy = RestartPolicy(max_restarts=cfg.max_replica_restarts)
+        torch.manual_seed(cfg.seed)
+        self.eval_model = job.model_fn()
+        init = flatten(self.eval_model)
+        self.total = init.numel()
+        self.layout, self.shards = start_vector_shards(runtime, init, cfg.shards)
+        self.client = runtime.shard_client(self.shards, self.layout)
+        self.num_examples = len(materialize(job.train_data))
+        self.coord: Coordinator | None = None
+        self.clock: Clock | None = None
+        self.best_acc = -1.0
+        self.time_to_target: float | None = None
+        self.stop_reason = ""
+        self.restarts: dict[int, int] = {}
+        self.replica_restarts = 0
+        self.replicas_lost = 0
+        self._killed_once = False
+
+    # ---------------------------------------------------------------- roles
+    def _start_replica(self, rid: int) -> Role:
+        cfg, j = self.cfg, self.job
+        settings = SandblasterReplicaSettings(
+            seed=cfg.seed, remote_timeout_s=cfg.remote_timeout_s, portion_delay_s=cfg.portion_delay_s,
+            straggler_slowdown=cfg.straggler_slowdown if rid == cfg.straggler_id else 1.0)
+        recipe = SandblasterReplicaRecipe(rid, j.model_fn, j.train_data, settings, j.loss_fn)
+        role = self.runtime.create_replica(rid, recipe, self.shards, self.layout, j.threads)
+        # A replica that cannot even be built (bad model, bad data) fails here, with its own error.
+        self.runtime.call(role, "stats").result(max(self.timeout_s, 180.0))
+        return role
+
+    def _restart(self, rid: int, err: Exception) -> Role | None:
+        """The coordinator lost replica ``rid``: restart it (bounded by the policy) or go on without it."""
+        n = self.restarts.get(rid, 0)
+        decision = self.policy.decide(n)
+        self.rec.log(f"replica {rid} failed ({err}); decision: {decision.value}")
+        if decision is Decision.DROP:
+            self.replicas_lost += 1
+            return None
+        time.sleep(self.policy.backoff(n))
+        self.restarts[rid] = n + 1
+        self.replica_restarts += 1
+        role = self._start_replica(rid)
+        self.rec.log(f"replica {rid} restarted ({n + 1}/{self.policy.max_restarts}); it takes portions again")
+        return role
+
+    def _inject_fault(self, coord: Coordinator) -> None:
+        cfg = self.cfg
+        if cfg.kill_replica_after_s and not self._killed_once and self.clock.elapsed() >= cfg.kill_replica_after_s:
+            slot = coord.slots.get(cfg.kill_replica_id)
+            if slot is not None:
+                self._killed_once = True
+                self.rec.log(f"fault injection: killing replica {cfg.kill_replica_id}")
+                self.runtime.kill(slot.role)
+
+    # ---------------------------------------------------------------- evaluation
+    def server_params(self) -> torch.Tensor:
+        return read_params(self.client, self.total, self.timeout_s)
+
+    def evaluate_now(self) -> dict:
+        wall = self.clock.elapsed()
+        unflatten_into(self.eval_model, self.server_params())
+        acc, test_loss = evaluate(self.eval_model, self.job.test_data, self.job.loss_fn)
+        c = self.coord.stats()
+        examples = c["examples"]
+        rec = {
+            "wall_s": round(wall, 3),
+            "updates": c["iterations"] * self.cfg.shards,
+            "updates_per_shard": [c["iterations"]] * self.cfg.shards,
+            "examples": examples,
+            "examples_per_s": examples / wall if wall > 0 else 0.0,
+            "train_loss": c["loss"] if math.isfinite(c["loss"]) else None,
+            "test_accuracy": acc,
+            "test_loss": test_loss,
+            "staleness_mean": 0.0,  # every gradient is computed at the parameters it is applied to
+            "staleness_max": 0,
+            "rejected_pushes": 0,
+            "replicas_alive": len(self.coord.slots),
+            "iterations": c["iterations"],
+            "line_search_evals": c["line_search_evals"],
+            "portions_done": c["portions_done"],
+            "portions_duplicated": c["portions_duplicated"],
+        }
+        self.rec.record(rec)
+        self.best_acc = max(self.best_acc, acc)
+        if self.cfg.target_accuracy and acc >= self.cfg.target_accuracy and self.time_to_target is None:
+            self.time_to_target = wall
+        return rec
+
+    # ---------------------------------------------------------------- the run
+    def _coordinator_settings(self) -> CoordinatorSettings:
+        cfg = self.cfg
+        return CoordinatorSettings(
+            num_examples=self.num_examples, batch_size=cfg.batch_size, portion_size=cfg.portion_size,
+            push_every_portions=cfg.push_every_portions, backup_tasks=cfg.backup_tasks,
+            lbfgs=LBFGSSettings(history=cfg.history), seed=cfg.seed, remote_timeout_s=cfg.remote_timeout_s)
+
+    def run(self) -> dict:
+        cfg = self.cfg
+        for s in self.shards:
+            self.runtime.call(s, "stats").result(max(self.timeout_s, 180.0))
+        batch = min(cfg.batch_size, self.num_examples)
+        self.rec.log(f"sandblaster L-BFGS: {cfg.replicas} replicas x {cfg.shards} shards on the "
+                     f"{self.runtime.name} runtime ({self.total:,} parameters); batch {batch} in portions of "
+                     f"{cfg.portion_size}, history {cfg.history}, backup tasks {'on' if cfg.backup_tasks else 'off'}")
+        replicas: dict[int, Role] = {}
+        try:
+            for rid in range(cfg.replicas):
+                replicas[rid] = self._start_replica(rid)
+            self.coord = coord = Coordinator(self.runtime, self.shards, replicas, self._coordinator_settings(),
+                                             restart=self._restart, log=self.rec.log, on_poll=self._inject_fault)
+            self.clock = Clock()
+            next_eval = cfg.eval_every_seconds
+            while True:
+                if cfg.max_steps and coord.iterations >= cfg.max_steps:
+                    self.stop_reason = "step limit reached"
+                    break
+                result = coord.step()
+                if result.stopped:
+                    self.stop_reason = result.stopped
+                    break
+                if self.clock.elapsed() >= next_eval:
+                    self.clock.pause()  # L-BFGS waits while we evaluate: don't count it as training time
+                    self.evaluate_now()
+                    self.clock.resume()
+                    next_eval = self.clock.elapsed() + cfg.eval_every_seconds
+                if self.time_to_target is not None:
+                    self.stop_reason = "target accuracy reached"
+                    break
+                if cfg.max_seconds and self.clock.elapsed() >= cfg.max_seconds:
+                    self.stop_reason = "time budget spent"
+                    break
+            wall = self.clock.elapsed()
+            final = self.evaluate_now()
+            flat = self.server_params()
+            steps = self._replica_portions()
+        finally:
+            roles = [s.role for s in self.coord.slots.values()] if self.coord else list(replicas.values())
+            for role in roles:
+                try:
+                    self.runtime.kill(role)
+                except Exception:  # noqa: BLE001 - already gone
+                    pass
+        c = coord.stats()
+        summary = {
+            "strategy": "sandblaster",
+            "runtime": self.runtime.name,
+            "replicas": cfg.replicas,
+            "shards": cfg.shards,
+            "server_optimizer": "lbfgs",
+            "num_parameters": self.total,
+            "final_test_accuracy": final["test_accuracy"],
+            "best_test_accuracy": max(self.best_acc, final["test_accuracy"]),
+            "target_accuracy": cfg.target_accuracy or None,
+            "time_to_target_s": self.time_to_target,
+            "examples": final["examples"],
+            "examples_per_s": final["examples"] / wall if wall > 0 else 0.0,
+            "updates": final["updates"],
+            "updates_per_shard": final["updates_per_shard"],
+            "steps_per_replica": steps,
+            "staleness_mean": 0.0,
+            "staleness_max": 0,
+            "rejected_pushes": 0,
+            "replica_restarts": self.replica_restarts,
+            "replicas_lost": self.replicas_lost,
+            "stop_reason": self.stop_reason,
+            "wall_s": wall,
+            "iterations": c["iterations"],
+            "portions_done": c["portions_done"],
+            "portions_duplicated": c["portions_duplicated"],
+            "line_search_evals": c["line_search_evals"],
+            "gradient_evals": c["gradient_evals"],
+            "backup_tasks_issued": c["backup_tasks_issued"],
+            "portions_requeued": c["portions_requeued"],
+            "final_train_loss": c["loss"],
+            "batch_size": min(cfg.batch_size, self.num_examples),
+            "portion_size": cfg.portion_size,
+            "history": cfg.history,
+            "mean_iteration_s": wall / c["iterations"] if c["iterations"] else None,
+        }
+        self.final_flat = flat
+        return summary
+
+    def _replica_portions(self) -> list[int]:
+        """Portions each replica id computed (duplicates included; restarts add up)."""
+        return [self.coord.portions_by_replica.get(rid, 0) for rid in range(self.cfg.replicas)]
