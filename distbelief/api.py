@@ -84,6 +84,7 @@ def train(
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     runtime=None,
     quiet: bool = False,
+    resume: bool = False,
     **settings: Any,
 ) -> TrainResult:
     """Train ``model_fn()`` on ``train_data`` with the strategy in ``config`` (Downpour by default;
@@ -99,6 +100,8 @@ def train(
         runtime: a Runtime instance, or the name of one (``"ray"``, ``"inprocess"``); by default
             ``config.runtime``.
         quiet: suppress progress output.
+        resume: continue the run in ``config.out`` from its shards' checkpoints (possibly with a different
+            number of shards); its metrics and counters continue.
 
     Returns:
         TrainResult with the summary, metrics, final flat parameters and a model holding them.
@@ -118,9 +121,24 @@ def train(
 
     from distbelief.downpour.trainer import Job, ParameterServerTrainer
 
+    if resume and cfg.strategy == "sgd":
+        raise ConfigError("resume", "single-process sgd runs keep no checkpoints; resume a downpour or sync run")
+    if resume and not (cfg.out and (Path(cfg.out) / "checkpoints").is_dir()):
+        raise ConfigError("resume", f"{cfg.out or '(no run directory)'} has no checkpoints/ to resume from")
     job = Job(cfg, model_fn, train_data, test_data, loss_fn, _resolve_threads(cfg))
     recorder = RunRecorder(cfg.out or None, cfg.to_dict(), quiet=quiet)
-    if cfg.strategy == "sgd":
+    if cfg.strategy == "sgd" and cfg.partitions > 1:
+        # the paper's single replica split over P partition workers, no parameter server
+        from distbelief.partition.baseline import run_partitioned_sgd
+
+        own_runtime = runtime is None
+        runtime = make_runtime(cfg) if own_runtime else runtime
+        try:
+            summary, flat = run_partitioned_sgd(job, runtime, recorder)
+        finally:
+            if own_runtime:
+                runtime.shutdown()
+    elif cfg.strategy == "sgd":
         from distbelief.baselines import run_single_process
 
         summary, flat = run_single_process(job, recorder)
@@ -137,7 +155,7 @@ def train(
 
                 trainer = SandblasterTrainer(job, runtime, recorder)
             else:
-                trainer = ParameterServerTrainer(job, runtime, recorder)
+                trainer = ParameterServerTrainer(job, runtime, recorder, resume=resume)
             summary = trainer.run()
             flat = trainer.final_flat
         finally:
@@ -178,8 +196,8 @@ def task_job(cfg: RunConfig):
     return model_fn, partial(load_train, spec), task.test
 
 
-def train_task(cfg: RunConfig, quiet: bool = False, runtime=None) -> TrainResult:
+def train_task(cfg: RunConfig, quiet: bool = False, runtime=None, resume: bool = False) -> TrainResult:
     """Train a shipped task/model pair described entirely by ``cfg``."""
     cfg = dataclasses.replace(cfg).validate()
     model_fn, train_fn, test = task_job(cfg)
-    return train(model_fn, train_fn, test, cfg, quiet=quiet, runtime=runtime)
+    return train(model_fn, train_fn, test, cfg, quiet=quiet, runtime=runtime, resume=resume)

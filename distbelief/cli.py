@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -26,6 +27,9 @@ def _add_train(sub) -> None:
         "single-process SGD. Settings come from --config (TOML) and are overridden by options.",
     )
     p.add_argument("--config", help="TOML file with settings (keys are the option names with underscores)")
+    p.add_argument("--resume", metavar="RUN_DIR",
+                   help="continue a stopped or killed run from its checkpoints (its config.toml is the base; "
+                        "options override it, e.g. --max-seconds or --shards to reshard)")
     defaults = RunConfig()
     for f in fields(RunConfig):
         flag = "--" + f.name.replace("_", "-")
@@ -53,7 +57,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
-    values = load_toml(args.config) if args.config else {}
+    if args.resume:
+        if args.config:
+            raise ConfigError("resume", "use either --resume RUN_DIR or --config FILE, not both")
+        run_cfg = Path(args.resume) / "config.toml"
+        if not run_cfg.is_file():
+            raise ConfigError("resume", f"{args.resume} is not a run directory (no config.toml)")
+        values = load_toml(run_cfg)
+        values["out"] = str(args.resume)
+    else:
+        values = load_toml(args.config) if args.config else {}
     for f in fields(RunConfig):
         v = getattr(args, f.name, None)
         if v is not None:
@@ -66,6 +79,10 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     return cfg.validate()
 
 
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -73,8 +90,13 @@ def main(argv: list[str] | None = None) -> int:
             cfg = config_from_args(args)
             from distbelief.api import train_task
 
-            result = train_task(cfg)
+            # SIGTERM is handled like Ctrl-C: stop cleanly with a final checkpoint.
+            signal.signal(signal.SIGTERM, _raise_interrupt)
+            result = train_task(cfg, resume=bool(args.resume))
             print(f"final test accuracy {result.summary['final_test_accuracy']:.4f}; run directory {result.run_dir}")
+            if result.summary.get("stop_reason") == "interrupted":
+                print(f"interrupted; continue with: distbelief train --resume {result.run_dir}", file=sys.stderr)
+                return 130
             return 0
         if args.command == "plot":
             from distbelief.metrics import plot_runs

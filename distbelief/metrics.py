@@ -33,8 +33,8 @@ def default_run_dir() -> Path:
 class Clock:
     """Training wall clock that can be paused (baselines pause it while they evaluate)."""
 
-    def __init__(self):
-        self._start = time.monotonic()
+    def __init__(self, offset_s: float = 0.0):
+        self._start = time.monotonic() - offset_s  # a resumed run continues its clock
         self._paused_total = 0.0
         self._paused_at: float | None = None
 

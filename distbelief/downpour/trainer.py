@@ -20,12 +20,14 @@ from torch.utils.data import Dataset
 from distbelief.data.batches import BatchSource, replica_indices
 from distbelief.downpour.replica import ModelReplica, ReplicaSettings
 from distbelief.evaluation import evaluate
-from distbelief.exceptions import DistBeliefError, RemoteTimeoutError, RoleFailedError
+from distbelief.exceptions import ConfigError, DistBeliefError, RemoteTimeoutError, RoleFailedError
 from distbelief.metrics import Clock, RunRecorder
 from distbelief.policies import Decision, RestartPolicy
 from distbelief.ps.optimizers import make_server_optimizer
 from distbelief.ps.shard import Durability, ParameterShard
 from distbelief.ps.sharding import ShardLayout, flatten, unflatten_into
+from distbelief.resume import (drop_retired, load_server_state, read_trainer_state, retire_checkpoints,
+                               write_trainer_state)
 from distbelief.runtime.base import Future, Role, Runtime
 
 
@@ -66,6 +68,7 @@ class _ReplicaState:
     steps: int = 0  # steps done by earlier incarnations plus the last polled count of this one
     base_steps: int = 0
     phase_base: int = 0  # steps done before the current phase (warmstart, then everyone)
+    phase_limit: int | None = None  # steps this replica runs in the current phase
     alive: bool = True
     finished: bool = False
     last_stats: dict = field(default_factory=dict)
@@ -86,7 +89,7 @@ class Job:
 class ParameterServerTrainer:
     """Runs ``downpour`` or ``sync`` over a Runtime. One instance per run."""
 
-    def __init__(self, job: Job, runtime: Runtime, recorder: RunRecorder):
+    def __init__(self, job: Job, runtime: Runtime, recorder: RunRecorder, resume: bool = False):
         self.job, self.runtime, self.rec = job, runtime, recorder
         cfg = job.cfg
         self.cfg = cfg
@@ -101,31 +104,54 @@ class ParameterServerTrainer:
                                                cfg.adagrad_initial_accumulator)
         self.init_flat = init
         self.durability = self._durability()
+        self.prev: dict = {}  # the trainer state of the run we resume, if any
+        self._retired = None
+        server_state = None
+        if resume:
+            if self.durability is None:
+                raise ConfigError("resume", "the run has no checkpoints (wal = false and checkpoint_every_* = 0)")
+            server_state = load_server_state(self.durability.root, self.total, self.optimizer)
+            for msg in server_state.corrupt_checkpoints:
+                self.rec.log(f"resume: skipped a damaged checkpoint, using the previous good one: {msg}")
+            self.prev = read_trainer_state(cfg.out)
+            self._retired = retire_checkpoints(self.durability.root)
+            old_k = len(server_state.versions)
+            self.rec.log(f"resuming from {cfg.out}: {old_k} shard checkpoint(s) at versions "
+                         f"{[v for _, _, v in server_state.versions]}" +
+                         (f", resharded to {cfg.shards} shards" if old_k != cfg.shards else "") +
+                         f"; training time so far {self.prev.get('wall_s', 0.0):.1f}s")
         self.shards: list[Role] = []
         for k in range(cfg.shards):
             lo, hi = self.layout.range(k)
-            self.shards.append(runtime.create_shard(
-                k, partial(ParameterShard, k, lo, hi, init[lo:hi].numpy(), self.optimizer, self.total,
-                           self.durability)))
+            if server_state is not None:
+                values, opt_state, counters = server_state.slice_for(lo, hi)
+                factory = partial(ParameterShard, k, lo, hi, values.numpy(), self.optimizer, self.total,
+                                  self.durability, {n: v.numpy() for n, v in opt_state.items()}, counters)
+            else:
+                factory = partial(ParameterShard, k, lo, hi, init[lo:hi].numpy(), self.optimizer, self.total,
+                                  self.durability)
+            self.shards.append(runtime.create_shard(k, factory))
         self.client = runtime.shard_client(self.shards, self.layout)
-        self.shard_restarts = 0
-        self.updates_lost = 0
         self.shard_recovery_s: list[float] = []
+        self._warmstart_done = False
         self._shard_restarts_by_id = [0] * cfg.shards
-        self._shard_killed_once = False
         self.settings = ReplicaSettings(
             fetch_every=cfg.fetch_every, push_every=cfg.push_every, local_lr=cfg.local_lr,
             overlap=cfg.overlap, remote_timeout_s=cfg.remote_timeout_s,
         )
         self.replicas: dict[int, _ReplicaState] = {}
         self.clock: Clock | None = None
-        self.best_acc = -1.0
-        self.time_to_target: float | None = None
+        p = self.prev
+        self.best_acc = p.get("best_acc", -1.0)
+        self.time_to_target: float | None = p.get("time_to_target")
         self.stop_reason = ""
-        self.examples_sync = 0
-        self.replica_restarts = 0
-        self.replicas_lost = 0
-        self._killed_once = False
+        self.examples_sync = p.get("examples_sync", 0)
+        self.replica_restarts = p.get("replica_restarts", 0)
+        self.replicas_lost = p.get("replicas_lost", 0)
+        self.shard_restarts = p.get("shard_restarts", 0)
+        self.updates_lost = p.get("updates_lost", 0)
+        self._killed_once = bool(p)  # fault injection fires once per run, not again after a resume
+        self._shard_killed_once = bool(p)
 
     # ---------------------------------------------------------------- durability and shard failures
     def _durability(self) -> Durability | None:
@@ -221,6 +247,26 @@ class ParameterServerTrainer:
     def _wait_shards_ready(self) -> None:
         for s in self.shards:
             self.runtime.call(s, "stats").result(max(self.timeout_s, 180.0))
+        # A base checkpoint per shard: its range and state are on disk before any push (resume needs them).
+        self.checkpoint_shards()
+        drop_retired(self._retired)
+        self._retired = None
+
+    def _new_replica_state(self, rid: int) -> _ReplicaState:
+        prev_steps = self.prev.get("steps_per_replica", [])
+        steps = prev_steps[rid] if rid < len(prev_steps) else 0
+        return _ReplicaState(role=self._start_replica(rid), steps=steps, base_steps=steps)
+
+    def _save_state(self) -> None:
+        if not self.cfg.out:
+            return
+        write_trainer_state(self.cfg.out, {
+            "wall_s": self.clock.elapsed(), "best_acc": self.best_acc, "time_to_target": self.time_to_target,
+            "examples_sync": self.examples_sync, "replica_restarts": self.replica_restarts,
+            "replicas_lost": self.replicas_lost, "shard_restarts": self.shard_restarts,
+            "updates_lost": self.updates_lost, "steps_per_replica": [st.steps for st in self.replicas.values()],
+            "warmstart_done": True if self.prev.get("warmstart_done") else self._warmstart_done,
+        })
 
     # ---------------------------------------------------------------- evaluation and metrics
     def server_params(self) -> torch.Tensor:
@@ -278,6 +324,7 @@ class ParameterServerTrainer:
         self.best_acc = max(self.best_acc, acc)
         if self.cfg.target_accuracy and acc >= self.cfg.target_accuracy and self.time_to_target is None:
             self.time_to_target = wall
+        self._save_state()
         return rec
 
     # ---------------------------------------------------------------- stop conditions
@@ -323,16 +370,22 @@ class ParameterServerTrainer:
         self.replica_restarts += 1
         st.base_steps = st.steps
         st.role = self._start_replica(rid)
-        remaining = None if max_steps is None else max(0, max_steps - (st.steps - st.phase_base))
+        limit = st.phase_limit
+        remaining = None if limit is None else max(0, limit - (st.steps - st.phase_base))
         self._run_replica(rid, remaining)
         self.rec.log(f"replica {rid} restarted (restart {st.restarts}/{self.policy.max_restarts}); "
                      f"it rejoins from the server's parameters")
 
-    def _supervise(self, rids: list[int], max_steps: int | None, next_eval: float) -> float:
-        """Run replicas ``rids`` to completion (or stop), evaluating on the cadence. Returns the next eval time."""
+    def _supervise(self, rids: list[int], max_steps, next_eval: float) -> float:
+        """Run replicas ``rids`` to completion (or stop), evaluating on the cadence. Returns the next eval time.
+
+        ``max_steps``: steps for each replica in this phase (None = no limit), or a dict of them per replica.
+        """
         for rid in rids:
-            self.replicas[rid].phase_base = self.replicas[rid].steps
-            self._run_replica(rid, max_steps)
+            st = self.replicas[rid]
+            st.phase_base = st.steps
+            st.phase_limit = max_steps.get(rid) if isinstance(max_steps, dict) else max_steps
+            self._run_replica(rid, st.phase_limit)
         stopping_since: float | None = None
         while True:
             pending = {rid: st for rid, st in self.replicas.items() if rid in rids and st.alive and not st.finished}
@@ -381,16 +434,22 @@ class ParameterServerTrainer:
         self.rec.log(f"starting {cfg.replicas} replicas x {cfg.shards} shards on the {self.runtime.name} runtime "
                      f"({self.total:,} parameters)")
         for rid in range(cfg.replicas):
-            self.replicas[rid] = _ReplicaState(role=self._start_replica(rid))
-        self.clock = Clock()
-        next_eval = cfg.eval_every_seconds
-        if cfg.warmstart_steps and cfg.replicas > 1:
+            self.replicas[rid] = self._new_replica_state(rid)
+        self.clock = Clock(offset_s=self.prev.get("wall_s", 0.0))
+        next_eval = self.clock.elapsed() + cfg.eval_every_seconds
+        if cfg.warmstart_steps and cfg.replicas > 1 and not self.prev.get("warmstart_done"):
             self.rec.log(f"warmstart: replica 0 trains alone for {cfg.warmstart_steps} steps")
             next_eval = self._supervise([0], cfg.warmstart_steps, next_eval)
             self.replicas[0].finished = False
             if self._should_stop():
                 return
-        self._supervise(list(range(cfg.replicas)), max_steps, next_eval)
+        self._warmstart_done = True
+        limits = None
+        if max_steps is not None:  # max_steps counts each replica's steps after warmstart, across resumes
+            ws = cfg.warmstart_steps if cfg.replicas > 1 else 0
+            limits = {rid: max(0, max_steps - (st.steps - (ws if rid == 0 else 0)))
+                      for rid, st in self.replicas.items()}
+        self._supervise(list(range(cfg.replicas)), limits, next_eval)
 
     # ---------------------------------------------------------------- synchronous data parallel
     def run_sync(self) -> None:
@@ -399,10 +458,10 @@ class ParameterServerTrainer:
         self.rec.log(f"starting {cfg.replicas} synchronous replicas x {cfg.shards} shards on the "
                      f"{self.runtime.name} runtime ({self.total:,} parameters)")
         for rid in range(cfg.replicas):
-            self.replicas[rid] = _ReplicaState(role=self._start_replica(rid))
-        self.clock = Clock()
-        next_eval = cfg.eval_every_seconds
-        step = 0
+            self.replicas[rid] = self._new_replica_state(rid)
+        self.clock = Clock(offset_s=self.prev.get("wall_s", 0.0))
+        next_eval = self.clock.elapsed() + cfg.eval_every_seconds
+        step = max([st.steps for st in self.replicas.values()] + [0])
         while not (cfg.max_steps and step >= cfg.max_steps):
             live = [rid for rid, st in self.replicas.items() if st.alive]
             if not live:
@@ -426,6 +485,8 @@ class ParameterServerTrainer:
                         self.runtime.call(self.shards[k], "apply_mean", *grads).result(self.timeout_s)
                 self.examples_sync += cfg.batch_size * len(grads)
                 step += 1
+                for st in self.replicas.values():
+                    st.steps = step
             if self.clock.elapsed() >= next_eval:
                 self.clock.pause()  # synchronous training stops while we evaluate: don't count it
                 self.evaluate_now()
@@ -453,14 +514,37 @@ class ParameterServerTrainer:
         self.replica_restarts += 1
         st.role = self._start_replica(rid)
 
+    def _stop_all_replicas(self) -> None:
+        futs = []
+        for st in self.replicas.values():
+            if st.alive:
+                self.runtime.call(st.role, "stop")
+                if st.future is not None:
+                    futs.append((st, st.future))
+        for st, f in futs:
+            try:
+                s = f.result(self.timeout_s)
+                st.steps = st.base_steps + s["steps"]
+            except (RoleFailedError, RemoteTimeoutError):
+                pass
+
     # ---------------------------------------------------------------- the whole run
     def run(self) -> dict:
         cfg = self.cfg
         try:
-            if cfg.strategy == "sync":
-                self.run_sync()
-            else:
-                self.run_downpour()
+            try:
+                if cfg.strategy == "sync":
+                    self.run_sync()
+                else:
+                    self.run_downpour()
+            except KeyboardInterrupt:
+                # Ctrl-C / SIGTERM: stop the replicas, then fall through to the final evaluation and checkpoint.
+                self.stop_reason = "interrupted"
+                self.rec.log("interrupted: stopping replicas and writing a final checkpoint "
+                             f"(resume with: distbelief train --resume {cfg.out or 'RUN_DIR'})")
+                self._stop_all_replicas()
+                if self.clock is None:
+                    raise
             if not self.stop_reason:
                 self.stop_reason = "step limit reached"
             wall = self.clock.elapsed()

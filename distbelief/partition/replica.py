@@ -200,7 +200,10 @@ class PartitionRecipe:
         from distbelief.downpour.trainer import materialize
 
         ds = materialize(self.train_data)
-        torch.manual_seed(self.seed + 1009 * (self.replica_id + 1))
+        # Local updates start from the driver's initial model (seeded with ``seed``); under Downpour the first
+        # fetch overwrites the initial values anyway.
+        local = self.local_optimizer is not None
+        torch.manual_seed(self.seed if local else self.seed + 1009 * (self.replica_id + 1))
         model = self.model_fn()
         if not isinstance(model, PartitionedModel):
             raise TypeError(f"partitions need a PartitionedModel, got {type(model).__name__}")

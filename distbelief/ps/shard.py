@@ -141,7 +141,7 @@ class ParameterShard:
 
     @classmethod
     def restore(cls, shard_id: int, lo: int, hi: int, optimizer, total: int, durability: Durability,
-                fallback_values=None) -> "ParameterShard":
+                fallback_values=None, write_base: bool = True) -> "ParameterShard":
         """A shard rebuilt from its latest good checkpoint plus its write-ahead log.
 
         With no checkpoint at all, ``fallback_values`` (the initial parameters) are used and the whole log is
@@ -176,6 +176,8 @@ class ParameterShard:
             shard.replayed_updates += 1
             if session:
                 shard.last_seq[session] = max(seq, shard.last_seq.get(session, 0))
+        if not write_base:  # read-only restore (resume assembles state from several shards)
+            return shard
         shard.durability = durability
         if durability.wal:
             shard._wal = WriteAheadLog(durability.root, shard_id)

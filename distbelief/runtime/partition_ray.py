@@ -27,7 +27,7 @@ import numpy as np
 import ray
 import torch
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
-from ray.util.placement_group import placement_group
+from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from distbelief.exceptions import ConfigError, RemoteTimeoutError, RoleFailedError
@@ -125,9 +125,11 @@ class RayRangeClient(ShardClient):
         return _RangeCalls(self, "push", args, transform=ack)
 
 
-@ray.remote
+@ray.remote(concurrency_groups={"io": 1})
 class PartitionActor:
-    """Hosts one PartitionReplica. ``deliver`` runs on another actor thread while ``run`` waits for messages."""
+    """Hosts one partition. Two threads: the default one runs the partition (``call``: run, step, params); the
+    ``io`` one takes deliveries and control calls (``control``: stats, stop, replace_shard) while ``run`` waits
+    for messages. One thread each, not a pool: measured round trips are 2x shorter than with 8 threads."""
 
     def __init__(self, threads: int, factory: Callable, partition_id: int, replica_id: int, shard_handles,
                  layout, timeout_s: float):
@@ -144,11 +146,17 @@ class PartitionActor:
         self.transport.peers = peers
         return os.getpid()
 
+    @ray.method(concurrency_group="io")
     def deliver(self, src: int, key: Hashable, array: np.ndarray) -> None:
         self.mailbox.put(src, key, array)
 
+    @ray.method(concurrency_group="io")
     def abort(self, reason: str) -> None:
         self.mailbox.fail(RoleFailedError(reason))
+
+    @ray.method(concurrency_group="io")
+    def control(self, method: str, *args):
+        return getattr(self.obj, method)(*args)
 
     def call(self, method: str, *args, **kwargs):
         return getattr(self.obj, method)(*args, **kwargs)
@@ -172,15 +180,16 @@ class PartitionGroupActor:
                 f"{startup_timeout_s:.0f}s; use fewer partitions or replicas") from None
         self.actors = [
             PartitionActor.options(
-                num_cpus=PARTITION_CPUS, max_concurrency=8, max_restarts=0,
+                num_cpus=PARTITION_CPUS, max_restarts=0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=p),
             ).remote(threads, factory, p, replica_id, shard_handles, layout, timeout_s)
             for p in range(num_partitions)
         ]
         ray.get([a.connect.remote(self.actors) for a in self.actors], timeout=startup_timeout_s)
 
-    def _all(self, method: str, *args) -> list:
-        return ray.get([a.call.remote(method, *args) for a in self.actors], timeout=self.timeout_s)
+    def _all(self, method: str, *args, control: bool = False) -> list:
+        refs = [(a.control if control else a.call).remote(method, *args) for a in self.actors]
+        return ray.get(refs, timeout=self.timeout_s)
 
     def call(self, method: str, *args, **kwargs):
         return getattr(self, f"_{method}")(*args, **kwargs)
@@ -204,16 +213,22 @@ class PartitionGroupActor:
         return self._stats()
 
     def _stop(self) -> None:
-        ray.get(self.actors[0].call.remote("stop"), timeout=self.timeout_s)
+        ray.get(self.actors[0].control.remote("stop"), timeout=self.timeout_s)
 
     def _stats(self) -> dict:
-        return merge_partition_stats(self._all("stats"))
+        return merge_partition_stats(self._all("stats", control=True))
 
     def _replace_shard(self, shard_id: int, handle) -> None:
-        self._all("replace_shard", shard_id, handle)
+        self._all("replace_shard", shard_id, handle, control=True)
 
     def _params(self) -> list:
         return self._all("params")
+
+    def _close(self) -> None:
+        """Release the partitions and their placement group now (killing this actor also does, eventually)."""
+        for a in self.actors:
+            ray.kill(a, no_restart=True)
+        remove_placement_group(self.pg)
 
     def _broadcast(self, method: str, *args) -> list:
         """Call ``method`` on every partition at once (they run in lockstep) and return their answers."""
@@ -223,11 +238,14 @@ class PartitionGroupActor:
 def create_ray_partition_group(runtime, replica_id: int, factory: Callable, shards: list[Role] | None, layout,
                                threads: int, num_partitions: int) -> Role:
     """Place replica ``replica_id`` as ``num_partitions`` partition actors; returns the replica role."""
-    free = ray.available_resources().get("CPU", 0.0)
-    need = num_partitions * PARTITION_CPUS
-    if need > free + 1e-9:
-        raise ConfigError("partitions", f"replica {replica_id} needs {need:g} CPUs for {num_partitions} partitions "
-                                        f"but the Ray cluster has {free:g} free; use fewer partitions or replicas")
+    # A static check (CPUs of dead groups come back asynchronously); the placement group's wait covers the rest.
+    total = ray.cluster_resources().get("CPU", 0.0)
+    # Replicas 0..replica_id run at the same time, each with its own partitions.
+    need = (replica_id + 1) * num_partitions * PARTITION_CPUS
+    if need > total + 1e-9:
+        raise ConfigError("partitions", f"{replica_id + 1} replicas x {num_partitions} partitions x "
+                                        f"{PARTITION_CPUS:g} CPU need {need:g} CPUs but the Ray cluster has "
+                                        f"{total:g}; use fewer partitions or replicas")
     handles = [s.handle for s in shards] if shards is not None else None
     per_partition_threads = max(1, threads // num_partitions)
     startup = getattr(runtime, "startup_timeout_s", 180.0)

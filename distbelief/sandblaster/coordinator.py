@@ -193,13 +193,18 @@ class Coordinator:
         self._program([("copy", PARAMS, X)])
         self._started = True
 
+    def evaluate_gradient(self, into: str) -> float:
+        """Mean loss at the shards' current ``params`` on the current batch; its gradient is left in the shard
+        vector ``into`` (zeroed first). One pass of the portion queue; used by ``step`` and by tests."""
+        self._program([("zero", into)])
+        return self._evaluate(into)
+
     def _basis(self) -> list[str]:
         return [name for pair in self.pairs for name in pair]
 
     def _evaluate_at_x(self) -> None:
         """f and g at the accepted point on this iteration's batch, and g's Gram entries."""
-        self._program([("zero", self.g)])
-        self.f = self._evaluate(self.g)
+        self.f = self.evaluate_gradient(self.g)
         self.gram.forget(self.g)
         self._dots([(self.g, b) for b in self._basis() + [self.g]])
         self._need_eval = False

@@ -1,0 +1,74 @@
+"""Sandblaster L-BFGS on real Ray actors (one local Ray instance for the module)."""
+
+import pytest
+import ray
+import torch
+
+from distbelief import RunConfig
+from distbelief.api import train_task
+from distbelief.runtime.ray_runtime import RayRuntime
+from distbelief.sandblaster.lbfgs import LBFGSSettings
+from tests.integration.sandblaster_support import build, logreg_data, logreg_model, reference_lbfgs
+from tests.integration.test_downpour_inprocess import check_run_dir
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+ITERATIONS, HISTORY = 15, 5
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_instance():
+    ray.init(num_cpus=4, include_dashboard=False, logging_level="ERROR")
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def logreg():
+    ds = logreg_data()
+    return ds, reference_lbfgs(logreg_model, ds, ITERATIONS, LBFGSSettings(history=HISTORY))
+
+
+@pytest.fixture
+def runtime():
+    rt = RayRuntime(remote_timeout_s=60)
+    yield rt
+    rt.shutdown()
+
+
+def test_ray_convex_oracle_three_shards_three_replicas(runtime, logreg):
+    ds, expected = logreg
+    coord, read = build(runtime, logreg_model, ds, 3, 3, history=HISTORY)
+    for _ in range(ITERATIONS):
+        assert coord.step().accepted
+    torch.testing.assert_close(read(), expected, atol=1e-4, rtol=0)
+
+
+def test_ray_replica_process_killed_mid_batch_oracle_still_holds(runtime, logreg):
+    ds, expected = logreg
+    killed = []
+
+    def kill_while_it_holds_unpushed_portions(coord):
+        q = coord.queue
+        if not killed and coord.iterations == 3 and q is not None and q.won_by(1):
+            killed.append(q.won_by(1))
+            runtime.kill(coord.slots[1].role)  # the actor process dies; its accumulator is gone
+
+    coord, read = build(runtime, logreg_model, ds, 2, 3, history=HISTORY, push_every_portions=4,
+                        on_poll=kill_while_it_holds_unpushed_portions)
+    for _ in range(ITERATIONS):
+        assert coord.step().accepted
+    assert killed and coord.replica_failures >= 1 and coord.portions_requeued >= len(killed[0])
+    torch.testing.assert_close(read(), expected, atol=1e-4, rtol=0)
+
+
+def test_ray_mnist1d_mlp_reaches_80_percent(tmp_path):
+    # Full-batch L-BFGS on 8,000 training examples: ~100 iterations reach 80% (a larger set would need more).
+    cfg = RunConfig(runtime="ray", strategy="sandblaster", task="mnist1d", model="mlp", num_samples=10000,
+                    replicas=2, shards=2, batch_size=8000, portion_size=500, push_every_portions=4, history=20,
+                    max_seconds=240, target_accuracy=0.80, eval_every_seconds=3, out=str(tmp_path / "run"))
+    train_task(cfg, quiet=True)
+    summary, _ = check_run_dir(tmp_path / "run", "sandblaster")
+    assert summary["runtime"] == "ray" and summary["final_test_accuracy"] >= 0.80
+    assert summary["stop_reason"] == "target accuracy reached"
+    assert summary["portions_done"] == 16 * summary["gradient_evals"]
