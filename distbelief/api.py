@@ -85,6 +85,7 @@ def train(
     runtime=None,
     quiet: bool = False,
     resume: bool = False,
+    callbacks: list | None = None,
     **settings: Any,
 ) -> TrainResult:
     """Train ``model_fn()`` on ``train_data`` with the strategy in ``config`` (Downpour by default;
@@ -100,6 +101,8 @@ def train(
         runtime: a Runtime instance, or the name of one (``"ray"``, ``"inprocess"``); by default
             ``config.runtime``.
         quiet: suppress progress output.
+        callbacks: functions ``f(trainer, record)`` called in the driver after each evaluation (monitoring,
+            fault injection in tests); downpour and sync only.
         resume: continue the run in ``config.out`` from its shards' checkpoints (possibly with a different
             number of shards); its metrics and counters continue.
 
@@ -123,6 +126,9 @@ def train(
 
     if resume and cfg.strategy == "sgd":
         raise ConfigError("resume", "single-process sgd runs keep no checkpoints; resume a downpour or sync run")
+    if resume and cfg.strategy == "sandblaster":
+        raise ConfigError("resume", "sandblaster keeps no checkpoints (its L-BFGS history lives only on the "
+                                    "shards); resume a downpour or sync run")
     if resume and not (cfg.out and (Path(cfg.out) / "checkpoints").is_dir()):
         raise ConfigError("resume", f"{cfg.out or '(no run directory)'} has no checkpoints/ to resume from")
     job = Job(cfg, model_fn, train_data, test_data, loss_fn, _resolve_threads(cfg))
@@ -155,7 +161,7 @@ def train(
 
                 trainer = SandblasterTrainer(job, runtime, recorder)
             else:
-                trainer = ParameterServerTrainer(job, runtime, recorder, resume=resume)
+                trainer = ParameterServerTrainer(job, runtime, recorder, resume=resume, callbacks=callbacks)
             summary = trainer.run()
             flat = trainer.final_flat
         finally:
@@ -196,8 +202,10 @@ def task_job(cfg: RunConfig):
     return model_fn, partial(load_train, spec), task.test
 
 
-def train_task(cfg: RunConfig, quiet: bool = False, runtime=None, resume: bool = False) -> TrainResult:
+def train_task(cfg: RunConfig, quiet: bool = False, runtime=None, resume: bool = False,
+               callbacks: list | None = None) -> TrainResult:
     """Train a shipped task/model pair described entirely by ``cfg``."""
     cfg = dataclasses.replace(cfg).validate()
     model_fn, train_fn, test = task_job(cfg)
-    return train(model_fn, train_fn, test, cfg, quiet=quiet, runtime=runtime, resume=resume)
+    return train(model_fn, train_fn, test, cfg, quiet=quiet, runtime=runtime, resume=resume,
+                 callbacks=callbacks)

@@ -89,8 +89,10 @@ class Job:
 class ParameterServerTrainer:
     """Runs ``downpour`` or ``sync`` over a Runtime. One instance per run."""
 
-    def __init__(self, job: Job, runtime: Runtime, recorder: RunRecorder, resume: bool = False):
+    def __init__(self, job: Job, runtime: Runtime, recorder: RunRecorder, resume: bool = False,
+                 callbacks: list | None = None):
         self.job, self.runtime, self.rec = job, runtime, recorder
+        self.callbacks = list(callbacks or [])  # callback(trainer, metrics_record) after each evaluation
         cfg = job.cfg
         self.cfg = cfg
         self.policy = RestartPolicy(max_restarts=cfg.max_replica_restarts)
@@ -325,6 +327,8 @@ class ParameterServerTrainer:
         if self.cfg.target_accuracy and acc >= self.cfg.target_accuracy and self.time_to_target is None:
             self.time_to_target = wall
         self._save_state()
+        for callback in self.callbacks:
+            callback(self, rec)
         return rec
 
     # ---------------------------------------------------------------- stop conditions

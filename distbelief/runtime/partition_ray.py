@@ -6,7 +6,7 @@ Layout of one replica::
       └─ placement group, P bundles, PACK (co-located where the cluster has room)
            PartitionActor 0 (head) ... PartitionActor P-1   (1 CPU each)
 
-Transport choice (measured in benchmarks/transport.py, documented in docs/partitioning.md): a partition sends a
+Transport choice (measured with an actor ping-pong, numbers in docs/partitioning.md): a partition sends a
 boundary tensor as a plain numpy array argument of a one-way ``deliver`` call on the destination actor. Ray
 serialises a numpy array as a raw buffer (pickle protocol 5 out-of-band data, not a pickled Python object), and
 on one node a large one goes through the shared-memory object store and is mapped, not copied, by the receiver.

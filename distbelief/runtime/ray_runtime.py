@@ -15,7 +15,7 @@ import time
 from typing import Any, Callable
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskError
+from ray.exceptions import GetTimeoutError, ObjectLostError, RayActorError, RayError, RayTaskError
 
 from distbelief.exceptions import ClusterUnreachableError, ConfigError, RemoteTimeoutError, RoleFailedError
 from distbelief.runtime.base import Future, Role, Runtime, ShardClient
@@ -73,6 +73,9 @@ class RoleActor:
 
     def pid(self) -> int:
         return os.getpid()
+
+    def node_id(self) -> str:
+        return ray.get_runtime_context().get_node_id()
 
 
 def _build_replica(shard_handles, layout, replica_id, timeout_s, factory):
@@ -133,6 +136,14 @@ class _ShardCalls(Future):
                     self.refs[k] = self.handles[k].call.remote(self.method, *self.args[k])
                 except RayTaskError as e:
                     raise RoleFailedError(f"parameter shard {k} failed in {self.method}: {e}") from e
+                except ObjectLostError:
+                    # The reply lived in the object store of a node that just died. Ask again: a live shard
+                    # answers (a re-sent push is recognised by its sequence number), a dead one raises
+                    # RayActorError above and we wait for its replacement.
+                    if time.monotonic() >= deadline:
+                        raise RoleFailedError(f"parameter shard {k}: reply to {self.method} lost") from None
+                    self.handles[k] = self.client.handles[k]
+                    self.refs[k] = self.handles[k].call.remote(self.method, *self.args[k])
         return self.transform(out) if self.transform else out
 
     def done(self) -> bool:
@@ -230,6 +241,10 @@ class RayRuntime(Runtime):
 
     def kill(self, role: Role) -> None:
         ray.kill(role.handle, no_restart=True)
+
+    def node_of(self, role: Role, timeout_s: float = 30.0) -> str:
+        """The Ray node id hosting ``role`` (for placement checks and node-loss tests)."""
+        return _RayFuture(role.handle.node_id.remote(), role.name).result(timeout_s)
 
     def wait_any(self, futures, timeout_s):
         if not futures:

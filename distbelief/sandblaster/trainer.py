@@ -40,8 +40,9 @@ def read_params(client, total: int, timeout_s: float) -> torch.Tensor:
     """The shards' ``params`` as one flat vector (for evaluation in the driver; never used by the coordinator)."""
     parts, _ = client.fetch_async().result(timeout_s)
     flat = torch.empty(total, dtype=torch.float32)
+    out = flat.numpy()
     for lo, values in parts:
-        flat[lo : lo + len(values)].copy_(torch.as_tensor(values))
+        out[lo : lo + len(values)] = values  # numpy copy: the values may be a read-only view of Ray's store
     return flat
 
 
@@ -71,16 +72,21 @@ class SandblasterTrainer:
         self._killed_once = False
 
     # ---------------------------------------------------------------- roles
-    def _start_replica(self, rid: int) -> Role:
+    def _start_replicas(self, rids: list[int]) -> dict[int, Role]:
+        """Place replicas ``rids``, all at once (process start-up dominates), then wait until each is built."""
         cfg, j = self.cfg, self.job
-        settings = SandblasterReplicaSettings(
-            seed=cfg.seed, remote_timeout_s=cfg.remote_timeout_s, portion_delay_s=cfg.portion_delay_s,
-            straggler_slowdown=cfg.straggler_slowdown if rid == cfg.straggler_id else 1.0)
-        recipe = SandblasterReplicaRecipe(rid, j.model_fn, j.train_data, settings, j.loss_fn)
-        role = self.runtime.create_replica(rid, recipe, self.shards, self.layout, j.threads)
+        roles = {}
+        for rid in rids:
+            settings = SandblasterReplicaSettings(
+                seed=cfg.seed, remote_timeout_s=cfg.remote_timeout_s, portion_delay_s=cfg.portion_delay_s,
+                straggler_slowdown=cfg.straggler_slowdown if rid == cfg.straggler_id else 1.0)
+            recipe = SandblasterReplicaRecipe(rid, j.model_fn, j.train_data, settings, j.loss_fn)
+            roles[rid] = self.runtime.create_replica(rid, recipe, self.shards, self.layout, j.threads)
         # A replica that cannot even be built (bad model, bad data) fails here, with its own error.
-        self.runtime.call(role, "stats").result(max(self.timeout_s, 180.0))
-        return role
+        ready = {rid: self.runtime.call(role, "stats") for rid, role in roles.items()}
+        for f in ready.values():
+            f.result(max(self.timeout_s, 180.0))
+        return roles
 
     def _restart(self, rid: int, err: Exception) -> Role | None:
         """The coordinator lost replica ``rid``: restart it (bounded by the policy) or go on without it."""
@@ -93,7 +99,7 @@ class SandblasterTrainer:
         time.sleep(self.policy.backoff(n))
         self.restarts[rid] = n + 1
         self.replica_restarts += 1
-        role = self._start_replica(rid)
+        role = self._start_replicas([rid])[rid]
         self.rec.log(f"replica {rid} restarted ({n + 1}/{self.policy.max_restarts}); it takes portions again")
         return role
 
@@ -158,8 +164,7 @@ class SandblasterTrainer:
                      f"{cfg.portion_size}, history {cfg.history}, backup tasks {'on' if cfg.backup_tasks else 'off'}")
         replicas: dict[int, Role] = {}
         try:
-            for rid in range(cfg.replicas):
-                replicas[rid] = self._start_replica(rid)
+            replicas = self._start_replicas(list(range(cfg.replicas)))
             self.coord = coord = Coordinator(self.runtime, self.shards, replicas, self._coordinator_settings(),
                                              restart=self._restart, log=self.rec.log, on_poll=self._inject_fault)
             self.clock = Clock()

@@ -102,13 +102,14 @@ def full_batch_gradient(model_fn, dataset: TensorDataset) -> torch.Tensor:
     return grads.clone()
 
 
-def make_replica(runtime: Runtime, rid: int, shards, layout, model_fn, dataset,
-                 settings: SandblasterReplicaSettings | None = None) -> Role:
-    recipe = SandblasterReplicaRecipe(rid, model_fn, dataset, settings or SandblasterReplicaSettings(),
-                                      F.cross_entropy)
-    role = runtime.create_replica(rid, recipe, shards, layout, 1)
-    runtime.call(role, "stats").result(120)
-    return role
+def make_replicas(runtime: Runtime, rids, shards, layout, model_fn, dataset) -> dict[int, Role]:
+    """Start replicas ``rids`` together (process start-up dominates on Ray), then wait until each is built."""
+    roles = {rid: runtime.create_replica(rid, SandblasterReplicaRecipe(rid, model_fn, dataset,
+                                                                       SandblasterReplicaSettings(), F.cross_entropy),
+                                         shards, layout, 1) for rid in rids}
+    for f in [runtime.call(role, "stats") for role in roles.values()]:
+        f.result(120)
+    return roles
 
 
 def build(runtime: Runtime, model_fn, dataset, num_shards: int, num_replicas: int, history: int = 5,
@@ -123,12 +124,12 @@ def build(runtime: Runtime, model_fn, dataset, num_shards: int, num_replicas: in
     """
     init = flatten(model_fn())
     layout, shards = start_vector_shards(runtime, init, num_shards)
-    replicas = {r: make_replica(runtime, r, shards, layout, model_fn, dataset) for r in range(num_replicas)}
+    replicas = make_replicas(runtime, range(num_replicas), shards, layout, model_fn, dataset)
     cs = CoordinatorSettings(num_examples=len(dataset), batch_size=len(dataset), portion_size=portion_size,
                              push_every_portions=push_every_portions, lbfgs=LBFGSSettings(history=history),
                              remote_timeout_s=60.0, **settings)
     coord = Coordinator(coordinator_runtime or runtime, shards, replicas, cs, on_poll=on_poll,
-                        restart=lambda rid, err: make_replica(runtime, rid, shards, layout, model_fn, dataset))
+                        restart=lambda rid, err: make_replicas(runtime, [rid], shards, layout, model_fn, dataset)[rid])
     client = runtime.shard_client(shards, layout)
     return coord, lambda: read_params(client, init.numel(), 60.0)
 

@@ -18,7 +18,8 @@ ITERATIONS, HISTORY = 15, 5
 
 @pytest.fixture(scope="module", autouse=True)
 def ray_instance():
-    ray.init(num_cpus=4, include_dashboard=False, logging_level="ERROR")
+    # address="local": always a fresh instance of our own, even when another Ray runs on this machine.
+    ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level="ERROR")
     yield
     ray.shutdown()
 
@@ -36,15 +37,9 @@ def runtime():
     rt.shutdown()
 
 
-def test_ray_convex_oracle_three_shards_three_replicas(runtime, logreg):
-    ds, expected = logreg
-    coord, read = build(runtime, logreg_model, ds, 3, 3, history=HISTORY)
-    for _ in range(ITERATIONS):
-        assert coord.step().accepted
-    torch.testing.assert_close(read(), expected, atol=1e-4, rtol=0)
-
-
-def test_ray_replica_process_killed_mid_batch_oracle_still_holds(runtime, logreg):
+def test_ray_convex_oracle_holds_with_a_replica_process_killed_mid_batch(runtime, logreg):
+    """3 shards x 3 replicas on Ray match single-process L-BFGS after 15 iterations, although at iteration 3 a
+    replica's process is killed while it holds won-but-unpushed portions (they are re-queued, counted once)."""
     ds, expected = logreg
     killed = []
 
@@ -54,7 +49,7 @@ def test_ray_replica_process_killed_mid_batch_oracle_still_holds(runtime, logreg
             killed.append(q.won_by(1))
             runtime.kill(coord.slots[1].role)  # the actor process dies; its accumulator is gone
 
-    coord, read = build(runtime, logreg_model, ds, 2, 3, history=HISTORY, push_every_portions=4,
+    coord, read = build(runtime, logreg_model, ds, 3, 3, history=HISTORY, push_every_portions=4,
                         on_poll=kill_while_it_holds_unpushed_portions)
     for _ in range(ITERATIONS):
         assert coord.step().accepted
@@ -63,12 +58,13 @@ def test_ray_replica_process_killed_mid_batch_oracle_still_holds(runtime, logreg
 
 
 def test_ray_mnist1d_mlp_reaches_80_percent(tmp_path):
-    # Full-batch L-BFGS on 8,000 training examples: ~100 iterations reach 80% (a larger set would need more).
-    cfg = RunConfig(runtime="ray", strategy="sandblaster", task="mnist1d", model="mlp", num_samples=10000,
-                    replicas=2, shards=2, batch_size=8000, portion_size=500, push_every_portions=4, history=20,
+    # Mini-batch L-BFGS (8,000 of the 32,000 training examples per iteration; two passes per iteration) reaches
+    # 80% in ~130-150 iterations; full batch needs about as many iterations at twice the cost per iteration.
+    cfg = RunConfig(runtime="ray", strategy="sandblaster", task="mnist1d", model="mlp", num_samples=40000,
+                    replicas=2, shards=2, batch_size=8000, portion_size=1000, push_every_portions=2, history=20,
                     max_seconds=240, target_accuracy=0.80, eval_every_seconds=3, out=str(tmp_path / "run"))
     train_task(cfg, quiet=True)
     summary, _ = check_run_dir(tmp_path / "run", "sandblaster")
     assert summary["runtime"] == "ray" and summary["final_test_accuracy"] >= 0.80
     assert summary["stop_reason"] == "target accuracy reached"
-    assert summary["portions_done"] == 16 * summary["gradient_evals"]
+    assert summary["portions_done"] == 8 * summary["gradient_evals"]

@@ -43,7 +43,7 @@ def test_a_replica_whose_run_is_exhausted_steals_the_back_half_of_the_longest_pe
 
 def test_backups_only_when_nothing_is_pending_and_never_to_the_same_replica():
     q = PortionQueue(30, 10, [0, 1, 2], clock=FakeClock())
-    p0, p1 = q.next_for(0), q.next_for(1)
+    p0, _ = q.next_for(0), q.next_for(1)
     assert q.next_for(2).portion_id == 2 and q.backups_issued == 0
     assert q.result(2, 2) is True
     b = q.next_for(2)  # nothing pending: a backup of the longest-running portion

@@ -1,0 +1,55 @@
+"""Node loss on a fake multi-node Ray cluster: the node hosting a shard and replicas is removed mid-run."""
+
+import pytest
+import ray
+from ray.cluster_utils import Cluster
+
+from distbelief import RunConfig
+from distbelief.api import train_task
+from distbelief.runtime.ray_runtime import RayRuntime
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    nodes = [c.add_node(num_cpus=2) for _ in range(2)]
+    c.wait_for_nodes()
+    ray.init(address=c.address, logging_level="ERROR")
+    yield c, nodes
+    ray.shutdown()
+    c.shutdown()
+
+
+def test_losing_the_node_of_a_shard_and_replicas_the_run_still_reaches_its_target(cluster, tmp_path):
+    c, nodes = cluster
+    removed = {}
+
+    def remove_node_of_a_shard_and_a_replica(trainer, record):
+        if removed or record["wall_s"] < 3:
+            return
+        rt = trainer.runtime
+        shard_nodes = {rt.node_of(s) for s in trainer.shards}
+        replica_nodes = [rt.node_of(r.role) for r in trainer.replicas.values()]
+        node = next(n for n in nodes if n.node_id in shard_nodes and n.node_id in replica_nodes)
+        removed.update(node=node.node_id, replicas=replica_nodes.count(node.node_id),
+                       shards=sum(rt.node_of(s) == node.node_id for s in trainer.shards))
+        c.remove_node(node)
+        nodes.append(c.add_node(num_cpus=2))  # capacity comes back, as an autoscaler would bring it
+
+    # Shards ask for half a CPU so that they are placed on the worker nodes (not the driver's head node):
+    # 3 replicas + 2 shards fill both 2-CPU nodes, so one node necessarily hosts a shard and a replica.
+    runtime = RayRuntime(shard_cpus=0.5, remote_timeout_s=120)
+    cfg = RunConfig(runtime="ray", replicas=3, shards=2, batch_size=64, max_seconds=150, target_accuracy=0.78,
+                    eval_every_seconds=1.5, checkpoint_every_seconds=1, out=str(tmp_path / "run"))
+    try:
+        res = train_task(cfg, quiet=True, runtime=runtime, callbacks=[remove_node_of_a_shard_and_a_replica])
+    finally:
+        runtime.shutdown()
+    s = res.summary
+    assert removed, "the node was never removed"
+    assert removed["shards"] >= 1 and removed["replicas"] >= 1
+    assert s["shard_restarts"] == removed["shards"] and s["updates_lost"] == 0
+    assert s["replica_restarts"] == removed["replicas"] and s["replicas_lost"] == 0
+    assert s["stop_reason"] == "target accuracy reached" and s["best_test_accuracy"] >= 0.78
