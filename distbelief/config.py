@@ -63,6 +63,7 @@ class RunConfig:
     # fault injection (testing and demos): kill a replica / a shard this many seconds into training
     kill_replica_after_s: float = 0.0
     kill_replica_id: int = 0
+    kill_partition_id: int = -1
     kill_shard_after_s: float = 0.0
     kill_shard_id: int = 0
     # Sandblaster L-BFGS (strategy = "sandblaster"; batch_size is then the examples per L-BFGS iteration)
@@ -130,6 +131,15 @@ class RunConfig:
         if self.kill_replica_after_s and not 0 <= self.kill_replica_id < self.replicas:
             raise ConfigError("kill_replica_id", f"must name a replica in [0, {self.replicas}), got "
                                                  f"{self.kill_replica_id}")
+        if self.kill_partition_id != -1:
+            if self.partitions == 1 or not 0 <= self.kill_partition_id < self.partitions:
+                raise ConfigError("kill_partition_id", f"must name a partition in [0, {self.partitions}) of a "
+                                                       f"partitioned replica (partitions > 1), or be -1 (the whole "
+                                                       f"replica), got {self.kill_partition_id!r}")
+            if not self.kill_replica_after_s:
+                import warnings
+
+                warnings.warn("kill_partition_id has no effect without kill_replica_after_s", stacklevel=2)
         if self.kill_shard_after_s and not 0 <= self.kill_shard_id < self.shards:
             raise ConfigError("kill_shard_id", f"must name a shard in [0, {self.shards}), got {self.kill_shard_id}")
         self._validate_sandblaster()
@@ -205,6 +215,8 @@ FIELD_HELP: dict[str, str] = {
     "max_shard_restarts": "how many times a dead parameter shard is restarted from its checkpoint",
     "kill_replica_after_s": "fault injection: kill a replica this many seconds into training (0 = never)",
     "kill_replica_id": "fault injection: which replica to kill",
+    "kill_partition_id": "fault injection: kill only this partition of replica kill_replica_id (its process on "
+                         "ray); the replica's whole partition group is then restarted (-1 = kill the whole replica)",
     "kill_shard_after_s": "fault injection: kill a parameter shard this many seconds into training (0 = never)",
     "kill_shard_id": "fault injection: which shard to kill",
     "portion_size": "sandblaster: examples per portion, the unit of work handed to a free replica (keep it much "

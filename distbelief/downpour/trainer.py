@@ -135,6 +135,8 @@ class ParameterServerTrainer:
             self.shards.append(runtime.create_shard(k, factory))
         self.client = runtime.shard_client(self.shards, self.layout)
         self.shard_recovery_s: list[float] = []
+        self.replica_recovery_s: list[float] = []
+        self.events: list[dict] = []  # failures and recoveries, with training-clock times
         self._warmstart_done = False
         self._shard_restarts_by_id = [0] * cfg.shards
         self.settings = ReplicaSettings(
@@ -209,6 +211,8 @@ class ParameterServerTrainer:
         self.shard_restarts += 1
         self.updates_lost += lost
         self.shard_recovery_s.append(time.monotonic() - t0)
+        self.events.append({"event": "shard restored", "id": k, "wall_s": self.clock.elapsed(),
+                            "updates_lost": lost, "replayed_updates": st["replayed_updates"]})
         skipped = st.get("corrupt_checkpoints") or []
         for msg in skipped:
             self.rec.log(f"parameter shard {k}: skipped a damaged checkpoint: {msg}")
@@ -369,11 +373,14 @@ class ParameterServerTrainer:
                 self.rec.log(f"replica {rid} exhausted its {self.policy.max_restarts} restarts; "
                              f"continuing with {alive} replicas")
             return
+        t0 = time.monotonic()
         time.sleep(self.policy.backoff(st.restarts))
         st.restarts += 1
         self.replica_restarts += 1
         st.base_steps = st.steps
         st.role = self._start_replica(rid)
+        self.replica_recovery_s.append(time.monotonic() - t0)
+        self.events.append({"event": "replica restarted", "id": rid, "wall_s": self.clock.elapsed()})
         limit = st.phase_limit
         remaining = None if limit is None else max(0, limit - (st.steps - st.phase_base))
         self._run_replica(rid, remaining)
@@ -422,14 +429,24 @@ class ParameterServerTrainer:
         cfg = self.cfg
         if cfg.kill_shard_after_s and not self._shard_killed_once and self.clock.elapsed() >= cfg.kill_shard_after_s:
             self._shard_killed_once = True
+            self.events.append({"event": "shard killed", "id": cfg.kill_shard_id, "wall_s": self.clock.elapsed()})
             self.rec.log(f"fault injection: killing parameter shard {cfg.kill_shard_id}")
             self.runtime.kill(self.shards[cfg.kill_shard_id])
         if cfg.kill_replica_after_s and not self._killed_once and self.clock.elapsed() >= cfg.kill_replica_after_s:
             st = self.replicas.get(cfg.kill_replica_id)
             if st is not None and st.alive and not st.finished:
                 self._killed_once = True
-                self.rec.log(f"fault injection: killing replica {cfg.kill_replica_id}")
-                self.runtime.kill(st.role)
+                self.events.append({"event": "replica killed", "id": cfg.kill_replica_id,
+                                    "wall_s": self.clock.elapsed()})
+                if cfg.kill_partition_id >= 0:  # one partition's process: its whole group must fail and restart
+                    from distbelief.runtime.partition_groups import kill_partition
+
+                    self.rec.log(f"fault injection: killing partition {cfg.kill_partition_id} of replica "
+                                 f"{cfg.kill_replica_id}")
+                    kill_partition(self.runtime, st.role, cfg.kill_partition_id)
+                else:
+                    self.rec.log(f"fault injection: killing replica {cfg.kill_replica_id}")
+                    self.runtime.kill(st.role)
 
     def run_downpour(self) -> None:
         cfg = self.cfg
@@ -588,6 +605,8 @@ class ParameterServerTrainer:
             "shard_restarts": self.shard_restarts,
             "updates_lost": self.updates_lost,
             "shard_recovery_s": self.shard_recovery_s,
+            "replica_recovery_s": self.replica_recovery_s,
+            "events": self.events,
             "stop_reason": self.stop_reason,
             "wall_s": wall,
             "partitions": cfg.partitions,

@@ -75,6 +75,12 @@ class PartitionReplica:
     def kill(self) -> None:
         self._killed = True
 
+    def replace_shard(self, shard_id: int, handle) -> None:
+        """Point this partition at a restarted shard (if it holds part of our range); calls waiting on the dead
+        one are re-sent to it."""
+        if self.client is not None:
+            self.client.replace_shard(shard_id, handle)
+
     def stats(self) -> dict[str, Any]:
         s = self.partition.stats
         return {

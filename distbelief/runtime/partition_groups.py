@@ -6,6 +6,11 @@ actors in one placement group, exchanging numpy buffers actor to actor.
 
 Either way the group answers the calls a replica role answers (``run``, ``stop``, ``stats``, ``kill``,
 ``replace_shard``) plus ``params``, so the trainer drives it exactly like a one-process replica.
+
+Failure is per group, as for a one-process replica: when one partition dies, the group's ``run`` fails promptly
+(the surviving partitions' receives are woken with an error, never left to wait out their timeouts), and
+``runtime.kill(role)`` tears the whole group down (all its partitions; on Ray also its placement group), so the
+trainer restarts the replica as a fresh group that fetches the server's parameters.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 from typing import Any, Callable
 
+from distbelief.downpour.replica import ReplicaKilled
 from distbelief.exceptions import ConfigError, RoleFailedError
 from distbelief.partition.replica import PartitionReplica, merge_partition_stats
 from distbelief.partition.transport import InProcessTransport
@@ -44,11 +50,13 @@ class InProcessRangeClient(InProcessShardClient):
     def push_async(self, grad, versions, num_examples: int):
         g = grad.numpy() if hasattr(grad, "numpy") else grad
         acked: list[int | None] = [None] * len(self.handles)
+        seq = self.next_seq()
         for k in self.shard_ids:
             s_lo, s_hi = self.layout.range(k)
             a, b = max(s_lo, self.lo), min(s_hi, self.hi)
+            # (session, seq): a push re-sent to a restarted shard that already applied it is not applied twice
             acked[k] = self._call(k, "push", self.replica_id, g[a - self.lo: b - self.lo], a,
-                                  versions[k] if versions else 0, num_examples)[1]
+                                  versions[k] if versions else 0, num_examples, self.session, seq)[1]
         self._ack(acked)
         return _Done(acked)
 
@@ -89,14 +97,23 @@ class InProcessPartitionGroup:
         self.parts[0].stop()  # the head ends the lockstep for everyone
 
     def kill(self) -> None:
+        """Tear the whole group down: every partition stops, blocked receives fail, the threads are released."""
         for part in self.parts:
-            part.kill()
+            if hasattr(part, "kill"):
+                part.kill()
         self.transports[0].fail_all(RoleFailedError(f"replica {self.replica_id} was killed"))
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def kill_partition(self, partition_id: int) -> None:
+        """Fault injection: partition ``partition_id`` dies as its process would. It stops at its next step or
+        receive, whichever comes first, and its failure then ends the group's ``run`` (see ``run``)."""
+        self.parts[partition_id].kill()
+        self.transports[partition_id].mailboxes[partition_id].fail(ReplicaKilled(
+            f"replica {self.replica_id} partition {partition_id} was killed (fault injection)"))
 
     def replace_shard(self, shard_id: int, handle) -> None:
         for part in self.parts:
-            if part.client is not None:
-                part.client.replace_shard(shard_id, handle)
+            part.replace_shard(shard_id, handle)
 
     def stats(self) -> dict[str, Any]:
         return merge_partition_stats([part.stats() for part in self.parts])
@@ -127,3 +144,18 @@ def create_partition_group(runtime: Runtime, replica_id: int, factory: Callable,
 
         return create_ray_partition_group(runtime, replica_id, factory, shards, layout, threads, num_partitions)
     raise ConfigError("partitions", f"the {runtime.name} runtime cannot place partitioned replicas")
+
+
+def kill_partition(runtime: Runtime, role: Role, partition_id: int) -> None:
+    """Fault injection: kill one partition of the partitioned replica ``role`` abruptly (on Ray its actor's
+    process; in process, the partition stops as if its process had died). The group's ``run`` then fails and the
+    trainer replaces the whole group, as for any replica failure."""
+    if isinstance(runtime, InProcessRuntime):
+        role.handle.obj.kill_partition(partition_id)
+        return
+    if runtime.name == "ray":
+        from distbelief.runtime.partition_ray import kill_ray_partition
+
+        kill_ray_partition(role, partition_id)
+        return
+    raise ConfigError("kill_partition_id", f"the {runtime.name} runtime cannot kill a single partition")

@@ -13,8 +13,11 @@ on one node a large one goes through the shared-memory object store and is mappe
 The call needs no rendezvous: the sender never waits for the receiver to post a matching receive, which keeps
 the forward and backward passes free of deadlocks by construction.
 
-Partition actors are created by the group actor, so they share its fate: killing the replica role (fault
-injection, or the trainer's cleanup) takes its partitions and placement group with it.
+Failures: when one partition actor dies, the group actor's ``run`` sees its call fail, aborts the others' waits
+and fails at once. The replica role (:class:`RayPartitionGroupRole`) holds the handles of the partition actors and
+the placement group as well as the group actor's, so ``runtime.kill(role)`` releases all of them immediately;
+the trainer then places a fresh group. (Partition actors and the placement group are created by the group actor
+and would also die with it, but asynchronously, and a restarted group needs their CPUs.)
 """
 
 from __future__ import annotations
@@ -111,11 +114,14 @@ class RayRangeClient(ShardClient):
     def push_async(self, grad, versions, num_examples: int) -> Future:
         g = grad.numpy() if hasattr(grad, "numpy") else grad
         args = {}
+        seq = self.next_seq()
         for k in self.shard_ids:
             s_lo, s_hi = self.layout.range(k)
             a, b = max(s_lo, self.lo), min(s_hi, self.hi)
-            # Each slice is serialised right here, so the caller may reuse its gradient buffer.
-            args[k] = (self.replica_id, g[a - self.lo: b - self.lo], a, versions[k] if versions else 0, num_examples)
+            # Each slice is serialised right here, so the caller may reuse its gradient buffer. (session, seq) let
+            # a restarted shard recognise a re-sent push it had already applied before it died.
+            args[k] = (self.replica_id, g[a - self.lo: b - self.lo], a, versions[k] if versions else 0, num_examples,
+                       self.session, seq)
 
         def ack(out):
             acked = [out.get(k) for k in range(len(self.handles))]
@@ -197,6 +203,10 @@ class PartitionGroupActor:
     def pid(self) -> int:
         return os.getpid()
 
+    def members(self) -> tuple[list, Any]:
+        """The partition actors and the placement group, for the driver's role (see RayPartitionGroupRole)."""
+        return self.actors, self.pg
+
     def _run(self, max_steps: int | None = None, max_seconds: float | None = None) -> dict:
         refs = [a.call.remote("run", max_steps, max_seconds) for a in self.actors]
         pending = list(refs)
@@ -235,6 +245,32 @@ class PartitionGroupActor:
         return self._all(method, *args)
 
 
+class RayPartitionGroupRole(Role):
+    """A partitioned replica's role: calls go to the group actor (``handle``); it also holds the partition actors
+    and the placement group, so that killing the role releases everything the group holds, at once."""
+
+    def __init__(self, replica_id: int, leader, partitions: list, pg):
+        super().__init__("replica", replica_id, leader)
+        self.partitions, self.placement_group = partitions, pg
+
+    def release(self) -> None:
+        """Kill the group actor and every partition actor, and remove the placement group (idempotent)."""
+        for actor in [self.handle, *self.partitions]:
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        try:
+            remove_placement_group(self.placement_group)
+        except Exception:  # noqa: BLE001 - already removed
+            pass
+
+
+def kill_ray_partition(role: RayPartitionGroupRole, partition_id: int) -> None:
+    """Fault injection: kill partition ``partition_id``'s actor process (the group actor survives it)."""
+    ray.kill(role.partitions[partition_id], no_restart=True)
+
+
 def create_ray_partition_group(runtime, replica_id: int, factory: Callable, shards: list[Role] | None, layout,
                                threads: int, num_partitions: int) -> Role:
     """Place replica ``replica_id`` as ``num_partitions`` partition actors; returns the replica role."""
@@ -253,6 +289,11 @@ def create_ray_partition_group(runtime, replica_id: int, factory: Callable, shar
         replica_id, factory, handles, layout, num_partitions, per_partition_threads, runtime.remote_timeout_s,
         startup)
     runtime._actors.append(leader)  # shutdown() kills it, and with it its partitions
-    role = Role("replica", replica_id, leader)
-    runtime.wait_ready([role])
+    runtime.wait_ready([Role("replica", replica_id, leader)])
+    try:
+        partitions, pg = ray.get(leader.members.remote(), timeout=runtime.remote_timeout_s)
+    except (GetTimeoutError, RayActorError) as e:
+        raise RoleFailedError(f"replica {replica_id}: its partition group did not report its members: {e}") from e
+    role = RayPartitionGroupRole(replica_id, leader, partitions, pg)
+    runtime._groups.append(role)  # shutdown() releases its placement group too
     return role

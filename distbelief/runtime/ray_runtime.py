@@ -201,6 +201,7 @@ class RayRuntime(Runtime):
         self.replica_cpus, self.shard_cpus = replica_cpus, shard_cpus
         self.startup_timeout_s, self.remote_timeout_s = startup_timeout_s, remote_timeout_s
         self._actors: list[Any] = []
+        self._groups: list[Role] = []  # partitioned replicas (partition_ray.RayPartitionGroupRole)
 
     def check_capacity(self, num_replicas: int) -> None:
         """Refuse, before any worker starts, a job whose replicas could never all be scheduled."""
@@ -240,7 +241,11 @@ class RayRuntime(Runtime):
         return RayShardClient([s.handle for s in shards], layout, replica_id, self.remote_timeout_s)
 
     def kill(self, role: Role) -> None:
-        ray.kill(role.handle, no_restart=True)
+        release = getattr(role, "release", None)
+        if release is not None:  # a partitioned replica: its partition actors and placement group go too
+            release()
+        else:
+            ray.kill(role.handle, no_restart=True)
 
     def node_of(self, role: Role, timeout_s: float = 30.0) -> str:
         """The Ray node id hosting ``role`` (for placement checks and node-loss tests)."""
@@ -258,6 +263,9 @@ class RayRuntime(Runtime):
         return done
 
     def shutdown(self) -> None:
+        for g in self._groups:
+            g.release()
+        self._groups.clear()
         for a in self._actors:
             try:
                 ray.kill(a, no_restart=True)

@@ -65,3 +65,15 @@ def test_killed_replica_is_restarted_and_run_finishes(tmp_path):
     res = train_task(cfg, quiet=True)
     assert res.summary["replica_restarts"] == 1 and res.summary["replicas_lost"] == 0
     assert res.summary["stop_reason"] == "time budget spent"
+
+
+def test_replica_beyond_its_restarts_is_dropped_and_the_run_goes_on(capsys):
+    cfg = RunConfig(runtime="inprocess", replicas=2, shards=2, max_seconds=5, kill_replica_after_s=1,
+                    kill_replica_id=0, max_replica_restarts=0, eval_every_seconds=1, num_samples=2000)
+    res = train_task(cfg, quiet=False)
+    err = capsys.readouterr().err
+    assert res.summary["replica_restarts"] == 0 and res.summary["replicas_lost"] == 1
+    assert "continuing with 1 replicas" in err
+    assert res.summary["stop_reason"] == "time budget spent"
+    # The survivor kept training after the loss.
+    assert res.metrics[-1]["updates"] > res.metrics[0]["updates"]

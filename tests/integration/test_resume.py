@@ -104,3 +104,21 @@ def test_sigterm_is_handled_like_ctrl_c(tmp_path):
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(120) == 130
     assert json.loads((out / "summary.json").read_text())["stop_reason"] == "interrupted"
+
+
+def test_resume_over_a_corrupted_checkpoint_uses_the_previous_one_and_says_so(tmp_path, capsys):
+    out = tmp_path / "run"
+    base = dict(runtime="inprocess", replicas=2, shards=2, max_steps=60, max_seconds=0, eval_every_seconds=3600,
+                num_samples=2000, batch_size=16, checkpoint_every_updates=25, out=str(out))
+    train_task(RunConfig(**base), quiet=True)
+    saved = load_file(str(out / "params.safetensors"))["flat_params"]
+    newest = sorted((out / "checkpoints" / "shard-000").glob("ckpt-*.safetensors"))[-1]
+    raw = bytearray(newest.read_bytes())
+    raw[-5] ^= 0x55  # one flipped byte in the tensor data
+    newest.write_bytes(bytes(raw))
+    again = train_task(RunConfig(**base), quiet=False, resume=True)
+    err = capsys.readouterr().err
+    assert "skipped a damaged checkpoint" in err and newest.name in err
+    # The older checkpoint plus the write-ahead log rebuilt exactly the state that was lost.
+    torch.testing.assert_close(again.flat_params, saved, rtol=0, atol=0)
+    assert again.summary["updates_per_shard"] == [120, 120]

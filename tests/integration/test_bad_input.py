@@ -1,0 +1,72 @@
+"""Bad input gets a clear error (before any worker starts) or a counted rejection; nothing is silently corrupted."""
+
+import pickletools
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from distbelief import ConfigError, RunConfig, train
+from distbelief.api import train_task
+from tests.conftest import make_odd_model, toy_classification
+
+
+def test_model_and_data_shapes_disagree_names_both_shapes(toy_data):
+    def wrong_input():
+        return nn.Linear(9, 3)  # the data has 7 features
+
+    with pytest.raises(ConfigError, match=r"model: .*\(2, 7\)"):
+        train(wrong_input, toy_data[0], toy_data[1], runtime="inprocess", quiet=True, max_steps=1)
+
+    def wrong_classes():
+        return nn.Linear(7, 2)  # the labels go up to 2 (3 classes)
+
+    with pytest.raises(ConfigError, match=r"output of shape \(2, 2\).*labels of shape \(2,\)"):
+        train(wrong_classes, toy_classification(8, classes=3, seed=5), toy_data[1], runtime="inprocess",
+              quiet=True, max_steps=1)
+
+
+def test_contradictory_settings_name_the_field(toy_data):
+    with pytest.raises(ConfigError, match="shards"):
+        train(make_odd_model, toy_data[0], toy_data[1], runtime="inprocess", quiet=True, shards=10**6,
+              max_steps=1)
+    with pytest.raises(ConfigError, match="kill_shard_id"):
+        RunConfig(shards=2, kill_shard_after_s=1, kill_shard_id=5).validate()
+    with pytest.raises(ConfigError, match="resume"):
+        train(make_odd_model, toy_data[0], toy_data[1], runtime="inprocess", quiet=True, max_steps=1,
+              resume=True, out="/nonexistent/run")
+
+
+class NaNEvery:
+    """A loss that is NaN for every n-th minibatch (a replica pushing poisoned gradients)."""
+
+    def __init__(self, n: int):
+        self.n, self.calls = n, 0
+
+    def __call__(self, out, y):
+        self.calls += 1
+        loss = F.cross_entropy(out, y)
+        return loss * float("nan") if self.calls % self.n == 0 else loss
+
+
+def test_nan_pushes_are_rejected_counted_and_parameters_stay_finite(toy_data):
+    res = train(make_odd_model, toy_data[0], toy_data[1], runtime="inprocess", quiet=True, replicas=2, shards=3,
+                max_steps=40, max_seconds=0, eval_every_seconds=3600, loss_fn=NaNEvery(5), batch_size=16)
+    s = res.summary
+    # Each replica computed 40 gradients, 8 of them NaN; every shard refused every NaN push.
+    assert s["rejected_pushes"] == 2 * 8 * 3
+    assert s["updates_per_shard"] == [2 * 32] * 3
+    assert torch.isfinite(res.flat_params).all()
+
+
+def test_run_directory_holds_no_pickles(tmp_path):
+    cfg = RunConfig(runtime="inprocess", max_steps=20, max_seconds=0, num_samples=500, out=str(tmp_path / "run"))
+    train_task(cfg, quiet=True)
+    files = [p for p in (tmp_path / "run").rglob("*") if p.is_file()]
+    assert any(p.suffix == ".safetensors" for p in files)
+    for p in files:
+        head = p.read_bytes()[:2]
+        if head[:1] == b"\x80" and head[1:2] and head[1] <= 5:  # pickle protocol 2-5 opcode PROTO
+            with pytest.raises(Exception):
+                pickletools.dis(p.read_bytes(), out=open("/dev/null", "w"))
