@@ -60,6 +60,8 @@ class RunRecorder:
         self.records: list[dict[str, Any]] = []
         self.quiet = quiet
         self.config = config
+        self._bar = None
+        self._bar_checked = False
         if self.out_dir is not None:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             cfg = {k: v for k, v in config.items() if v is not None}
@@ -69,29 +71,72 @@ class RunRecorder:
             self._metrics = None
 
     def log(self, message: str) -> None:
-        if not self.quiet:
-            print(f"[distbelief] {message}", file=sys.stderr, flush=True)
+        if self.quiet:
+            return
+        line = f"[distbelief] {message}"
+        if self._bar is not None:
+            self._bar.write(line, file=sys.stderr)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+    def _progress_bar(self):
+        """A tqdm bar on a terminal; None (plain lines) otherwise."""
+        if self.quiet or not sys.stderr.isatty():
+            return None
+        from tqdm import tqdm
+
+        total = self.config.get("max_seconds") or None
+        try:
+            width = os.get_terminal_size(sys.stderr.fileno()).columns
+        except OSError:
+            width = 0
+        sized = width > 0  # a terminal that reports no size (e.g. a bare pty) gets a fixed width
+        return tqdm(total=total, unit="s", file=sys.stderr, dynamic_ncols=sized, ncols=None if sized else 120,
+                    nrows=None if sized else 24,
+                    bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f}s [{elapsed}<{remaining}] {postfix}"
+                    if total else "{desc} {n:.0f}s [{elapsed}] {postfix}")
 
     def record(self, rec: dict[str, Any]) -> None:
         rec = _clean(rec)
         self.records.append(rec)
         if self._metrics is not None:
             self._metrics.write(json.dumps(rec) + "\n")
-        if not self.quiet:
-            acc = rec.get("test_accuracy")
-            loss = rec.get("train_loss")
-            line = (
-                f"[{rec['wall_s']:7.1f}s] updates {rec.get('updates', 0):>8}  examples {rec.get('examples', 0):>9}"
-                f"  ({rec.get('examples_per_s', 0):,.0f}/s)"
-                f"  train loss {'-' if loss is None else f'{loss:.4f}'}"
-                f"  test acc {'-' if acc is None else f'{acc:.4f}'}"
-            )
+        if self.quiet:
+            return
+        acc, loss = rec.get("test_accuracy"), rec.get("train_loss")
+        if self._bar is None and self._bar_checked is False:
+            self._bar_checked = True
+            self._bar = self._progress_bar()
+        if self._bar is not None:
+            post = {"updates": rec.get("updates", 0), "ex/s": f"{rec.get('examples_per_s', 0):,.0f}",
+                    "acc": "-" if acc is None else f"{acc:.4f}"}
             if rec.get("staleness_mean") is not None:
-                line += f"  staleness {rec['staleness_mean']:.2f}"
-            print(line, file=sys.stderr, flush=True)
+                post["staleness"] = f"{rec['staleness_mean']:.2f}"
+            self._bar.set_postfix(post, refresh=False)
+            total = self._bar.total
+            self._bar.update(max(0.0, min(rec["wall_s"], total or rec["wall_s"]) - self._bar.n))
+            return
+        line = (
+            f"[{rec['wall_s']:7.1f}s] updates {rec.get('updates', 0):>8}  examples {rec.get('examples', 0):>9}"
+            f"  ({rec.get('examples_per_s', 0):,.0f}/s)"
+            f"  train loss {'-' if loss is None else f'{loss:.4f}'}"
+            f"  test acc {'-' if acc is None else f'{acc:.4f}'}"
+        )
+        if rec.get("staleness_mean") is not None:
+            line += f"  staleness {rec['staleness_mean']:.2f}"
+        max_s = self.config.get("max_seconds")
+        if max_s:
+            line += f"  time left {max(0.0, max_s - rec['wall_s']):.0f}s"
+        print(line, file=sys.stderr, flush=True)
+
+    def close_progress(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
 
     def finish(self, summary: dict[str, Any], flat_params=None, param_names=None) -> None:
         summary = _clean(summary)
+        self.close_progress()
         if self.out_dir is None:
             return
         if self._metrics is not None:

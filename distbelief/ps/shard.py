@@ -4,8 +4,9 @@ Plain Python, no engine: the runtime decides whether a shard lives in this proce
 called by one thread at a time (a Ray actor executes calls sequentially; the in-process runtime holds a lock).
 
 Besides Downpour's fetch/push, a shard keeps *named slice-vectors* and executes a small set of vector operations
-on them (dot -> partial scalar, axpy, scale, copy, zero). Sandblaster's coordinator drives L-BFGS through these
-without ever holding a parameter-sized vector.
+on them (dot -> partial scalar, axpy, scale, copy, zero, lincomb, a fused multi-dot, and ``execute`` to run a short
+program of them in one call). Sandblaster's coordinator drives L-BFGS through these without ever holding a
+parameter-sized vector.
 """
 
 from __future__ import annotations

@@ -209,6 +209,7 @@ class PartitionGroupActor:
 
     def _run(self, max_steps: int | None = None, max_seconds: float | None = None) -> dict:
         refs = [a.call.remote("run", max_steps, max_seconds) for a in self.actors]
+        partition_of = {r: p for p, r in enumerate(refs)}
         pending = list(refs)
         while pending:
             # Short waits in a loop: the partitions' own receive timeouts bound how long a stuck group lives.
@@ -217,9 +218,14 @@ class PartitionGroupActor:
                 try:
                     ray.get(r, timeout=self.timeout_s)
                 except Exception as e:  # noqa: BLE001 - one partition failed: end the others' waits now
+                    p = partition_of[r]
+                    if isinstance(e, RayActorError):
+                        reason = f"partition {p}'s process died ({type(e).__name__})"
+                    else:
+                        reason = f"partition {p} failed: {getattr(e, 'cause', None) or e}"
                     for a in self.actors:
-                        a.abort.remote(f"replica {self.replica_id}: another partition failed: {e}")
-                    raise RoleFailedError(f"replica {self.replica_id}: a partition failed: {e}") from e
+                        a.abort.remote(f"replica {self.replica_id}: {reason}")
+                    raise RoleFailedError(f"replica {self.replica_id}: {reason}") from e
         return self._stats()
 
     def _stop(self) -> None:

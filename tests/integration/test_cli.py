@@ -79,3 +79,41 @@ def test_unreachable_address_fails_fast_naming_it():
     r = subprocess.run(PY + ["train", "--address", "127.0.0.1:1", "--max-seconds", "5", "--num-samples", "200"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 3 and "127.0.0.1:1" in r.stderr
+
+
+def test_progress_bar_on_a_terminal_plain_lines_without(tmp_path):
+    import os
+    import pty
+    import select
+
+    import fcntl
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 120, 0, 0))  # a 120x30 terminal
+    cmd = PY + ["train", "--runtime", "inprocess", "--max-seconds", "4", "--eval-every-seconds", "1",
+                "--num-samples", "1000", "--out", str(tmp_path / "tty")]
+    proc = subprocess.Popen(cmd, stdin=slave, stdout=slave, stderr=slave, close_fds=True)
+    os.close(slave)
+    chunks = []
+    while True:
+        ready, _, _ = select.select([master], [], [], 60)
+        if not ready:
+            break
+        try:
+            data = os.read(master, 4096)
+        except OSError:  # the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    proc.wait(60)
+    os.close(master)
+    screen = b"".join(chunks).decode(errors="replace")
+    assert proc.returncode == 0
+    assert "updates=" in screen and "acc=" in screen and "ex/s=" in screen  # the tqdm bar's fields
+    assert "|" in screen and "/4s" in screen  # a bar against --max-seconds
+    # Without a terminal: plain, periodic lines with the time left.
+    r = subprocess.run(cmd[:-1] + [str(tmp_path / "plain")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "test acc" in r.stderr and "time left" in r.stderr and "updates=" not in r.stderr
