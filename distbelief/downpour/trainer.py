@@ -204,9 +204,13 @@ class ParameterServerTrainer:
         lost = max(0, acked - st["updates"])
         self.shards[k] = role
         self.client.replace_shard(k, role.handle)
-        for r in self.replicas.values():
-            if r.alive:
-                self.runtime.call(r.role, "replace_shard", k, role.handle)
+        handed = [(rid, self.runtime.call(r.role, "replace_shard", k, role.handle))
+                  for rid, r in self.replicas.items() if r.alive]
+        for rid, f in handed:
+            try:
+                f.result(self.timeout_s)
+            except (RoleFailedError, RemoteTimeoutError) as e:  # its run() will fail too and be restarted
+                self.rec.log(f"replica {rid} could not take the restarted shard {k}: {e}")
         self._shard_restarts_by_id[k] += 1
         self.shard_restarts += 1
         self.updates_lost += lost

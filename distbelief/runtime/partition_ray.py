@@ -16,8 +16,9 @@ the forward and backward passes free of deadlocks by construction.
 Failures: when one partition actor dies, the group actor's ``run`` sees its call fail, aborts the others' waits
 and fails at once. The replica role (:class:`RayPartitionGroupRole`) holds the handles of the partition actors and
 the placement group as well as the group actor's, so ``runtime.kill(role)`` releases all of them immediately;
-the trainer then places a fresh group. (Partition actors and the placement group are created by the group actor
-and would also die with it, but asynchronously, and a restarted group needs their CPUs.)
+the trainer then places a fresh group. Why explicitly: the partition actors would die with the group actor that
+created them, but its placement group would not (Ray 2.60 keeps a placement group made by a killed actor until
+the job ends), and the fresh group needs those CPUs.
 """
 
 from __future__ import annotations
@@ -253,7 +254,8 @@ class PartitionGroupActor:
 
 class RayPartitionGroupRole(Role):
     """A partitioned replica's role: calls go to the group actor (``handle``); it also holds the partition actors
-    and the placement group, so that killing the role releases everything the group holds, at once."""
+    and the placement group, so that killing the role releases everything the group holds, at once (the placement
+    group would otherwise outlive the group actor, see the module docstring)."""
 
     def __init__(self, replica_id: int, leader, partitions: list, pg):
         super().__init__("replica", replica_id, leader)
