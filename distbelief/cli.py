@@ -23,8 +23,8 @@ def _add_train(sub) -> None:
     p = sub.add_parser(
         "train",
         help="train a model (Downpour SGD by default)",
-        description="Train a shipped task/model with Downpour SGD, synchronous data parallelism or "
-        "single-process SGD. Settings come from --config (TOML) and are overridden by options.",
+        description="Train a shipped task/model with Downpour SGD, Sandblaster L-BFGS, synchronous data "
+        "parallelism or single-process SGD. Settings come from --config (TOML) and are overridden by options.",
     )
     p.add_argument("--config", help="TOML file with settings (keys are the option names with underscores)")
     p.add_argument("--resume", metavar="RUN_DIR",

@@ -1,15 +1,16 @@
 """The Sandblaster coordinator: batch L-BFGS whose vectors never leave the parameter shards (PAPER.md §3).
 
-The coordinator holds scalars only: the loss, the Gram matrix of the L-BFGS basis (O(m^2) floats), step sizes,
-and the portion bookkeeping. Every vector — the parameters, the accepted point ``x``, the gradients, the direction
-``d``, the history ring ``s0..s{m}``, ``y0..y{m}`` — lives sliced on the ``ParameterShard``s, which run short
-*programs* of vector operations on their own slice (``execute``: ``lincomb``, ``dots``, ``copy``, ``zero``, ...)
-and answer with partial scalars that the coordinator sums.
+The coordinator holds scalars only: the loss, the Gram matrix of the L-BFGS basis (O(m^2) floats), step
+sizes, and the portion bookkeeping. Every vector — the parameters, the accepted point ``x``, the gradients, the
+direction ``d``, the history ring ``s0..s{m}``, ``y0..y{m}`` — lives sliced on the ``ParameterShard``s, which
+run short *programs* of vector operations on their own slice (``execute``: ``lincomb``, ``dots``, ``copy``,
+``zero``, ...) and answer with partial scalars that the coordinator sums.
 
-Gradients are computed by replicas on *portions* of the batch (``PortionQueue``). A replica accumulates the
-gradients of the portions it won and, every ``push_every_portions`` portions, hands them over; the coordinator
-forwards that result to the shards' ``accumulate`` as a reference (``Future.as_arg``) — the gradient travels
-replica -> shards and never through the coordinator.
+Gradients are computed by replicas on *portions* of the batch (``PortionQueue``). A replica keeps each
+portion's gradient apart until it pushes; every ``push_every_portions`` portions the coordinator claims what it
+holds (each portion is claimed once, whichever replica computed it) and forwards the pushed sum to the shards'
+``accumulate`` as a reference (``Future.as_arg``): the gradient travels replica -> shards, never through the
+coordinator.
 
 Plain Python: the runtime is the only thing it talks to, and it never imports an engine.
 """
@@ -38,8 +39,8 @@ class CoordinatorSettings:
         num_examples: size of the training set every replica holds.
         batch_size: examples per gradient evaluation (>= num_examples means full batch).
         portion_size: examples per portion.
-        push_every_portions: a replica hands over its accumulated gradient after winning this many portions
-            (and whenever nothing is left to hand out).
+        push_every_portions: a replica pushes the gradients it holds after this many portions (and at once
+            when nothing is left to hand out).
         backup_tasks: near the end of a batch, give running portions to idle replicas too.
         force_backups: testing only: every portion is computed by two replicas.
         lbfgs: the L-BFGS and line-search constants.
@@ -77,10 +78,8 @@ class _Slot:
     kind: str = ""  # "compute" or "take"
     call_eval: int = -1  # the evaluation the outstanding call belongs to
     started_s: float = 0.0
-    eval_id: int = -1  # the evaluation whose state the replica holds (parameters, accumulator)
-    keep_last: bool | None = None  # verdict on the replica's last computed portion, sent with its next call
-    unpushed: list[int] = field(default_factory=list)  # won portions still inside the replica
-    take_pids: list[int] = field(default_factory=list)
+    eval_id: int = -1  # the evaluation whose parameters (and held portions) the replica has
+    claim: list[int] = field(default_factory=list)  # portions carried by the outstanding take
 
 
 @dataclass
@@ -303,8 +302,6 @@ class Coordinator:
         self._grad_target = grad
         self.queue = q = PortionQueue(cfg.effective_batch, cfg.portion_size, list(self.slots),
                                       backup_tasks=cfg.backup_tasks, force_backups=cfg.force_backups)
-        for slot in self.slots.values():
-            slot.unpushed = []
         losses: dict[int, float] = {}
         pushes: list[_Push] = []
         while not q.all_committed():
@@ -319,11 +316,10 @@ class Coordinator:
                 if not self.slots:
                     raise DistBeliefError("every replica failed and none could be restarted")
                 raise AssertionError("portion queue stalled: portions left but nothing running")
-            done = self.runtime.wait_any(waiting, cfg.poll_s)
-            done_ids = {id(f) for f in done}
+            done = {id(f) for f in self.runtime.wait_any(waiting, cfg.poll_s)}
             for rid in list(self.slots):
                 slot = self.slots.get(rid)
-                if slot is not None and slot.future is not None and id(slot.future) in done_ids:
+                if slot is not None and slot.future is not None and id(slot.future) in done:
                     self._on_replica_result(rid, q, losses, pushes)
             for push in [p for p in pushes if all(f.done() for f in p.futures)]:
                 pushes.remove(push)
@@ -335,25 +331,29 @@ class Coordinator:
         return math.fsum(losses.values())
 
     def _dispatch(self, rid: int, q: PortionQueue) -> None:
-        """Decide what an idle replica does next, and send it."""
+        """Decide what an idle replica does next — push, compute, or nothing — and send it."""
         slot = self.slots[rid]
         current = slot.eval_id == self.eval_id
-        keep = bool(slot.keep_last) if current else False
-        if current and slot.unpushed and (len(slot.unpushed) >= self.settings.push_every_portions
-                                          or q.num_pending == 0):
-            slot.take_pids, slot.unpushed = slot.unpushed, []
-            self._send(slot, "take", "take_gradient", self.eval_id, keep)
+        n = q.claimable(rid) if current else 0
+        # Push after push_every_portions portions, and at once when nothing is left to hand out: from then on
+        # the batch waits for held gradients.
+        if n and (n >= self.settings.push_every_portions or q.num_pending == 0):
+            include, drop = q.claim(rid)
+            self._send(slot, "take", "take_gradient", self.eval_id, include, drop)
+            slot.claim = include
             return
-        p = q.next_for(rid)
+        busy = frozenset(r for r, s in self.slots.items() if s.future is not None)
+        p = q.next_for(rid, busy)
         if p is None:
             return
+        drop = q.release(rid) if current else []
         self._send(slot, "compute", "compute", self.eval_id, self.batch_id, self.settings.effective_batch,
-                   p.portion_id, p.lo, p.hi, keep)
+                   p.portion_id, p.lo, p.hi, drop)
         slot.eval_id = self.eval_id
 
     def _send(self, slot: _Slot, kind: str, method: str, *args) -> None:
         slot.future = self.runtime.call(slot.role, method, *args)
-        slot.kind, slot.call_eval, slot.started_s, slot.keep_last = kind, self.eval_id, time.monotonic(), None
+        slot.kind, slot.call_eval, slot.started_s = kind, self.eval_id, time.monotonic()
 
     def _on_replica_result(self, rid: int, q: PortionQueue, losses: dict[int, float],
                            pushes: list[_Push]) -> None:
@@ -362,7 +362,7 @@ class Coordinator:
         slot.future = None
         if kind == "compute":
             try:
-                eval_id, pid, loss, _ = fut.result(self.timeout_s)  # four scalars
+                _, pid, loss, _ = fut.result(self.timeout_s)  # four scalars
             except (RoleFailedError, RemoteTimeoutError) as e:
                 self._replica_failed(rid, e, q)
                 return
@@ -370,24 +370,21 @@ class Coordinator:
             if call_eval != self.eval_id:  # a backup still running when the last evaluation finished
                 self.portions_duplicated += 1
                 return
-            won = q.result(pid, rid)
-            slot.keep_last = won
-            if won:
-                losses[pid] = loss
-                slot.unpushed.append(pid)
+            if q.result(pid, rid):
+                losses[pid] = loss  # every copy has the same loss; the first one is recorded
             else:
                 self.portions_duplicated += 1
             return
-        # "take": the accumulated gradient is ready (in Ray's object store); pass it on without looking at it.
-        pids, slot.take_pids = slot.take_pids, []
+        # "take": the pushed gradient is ready (in Ray's object store); pass it on without looking at it.
+        claim, slot.claim = slot.claim, []
         try:
             ref = fut.as_arg()
         except (RoleFailedError, RemoteTimeoutError) as e:  # the in-process runtime reports a failed take here
-            self._replica_failed(rid, e, q)  # the portions are still "won" by it: re-queued
+            self.portions_requeued += len(q.lost(claim))
+            self._replica_failed(rid, e, q)
             return
-        q.pushing(pids)
         futs = [self.runtime.call(s, "accumulate", self._grad_target, ref, 0) for s in self.shards]
-        pushes.append(_Push(futs, pids, rid, slot.role, time.monotonic()))
+        pushes.append(_Push(futs, claim, rid, slot.role, time.monotonic()))
 
     def _on_push_done(self, push: _Push, q: PortionQueue) -> None:
         errors = []
@@ -403,11 +400,10 @@ class Coordinator:
         if len(errors) < len(push.futures):
             raise RoleFailedError(f"a parameter shard failed while adding a gradient push ({errors[0]}); the "
                                   f"batch gradient is inconsistent and Sandblaster cannot continue")
-        # Every shard refused it: the push itself never existed (its replica died while producing it).
+        # Every shard refused it: the push never existed (its replica died while producing it).
         self.portions_requeued += len(q.lost(push.portion_ids))
         slot = self.slots.get(push.replica_id)
         if slot is not None and slot.role is push.role:
-            slot.future = None
             self._replica_failed(push.replica_id, errors[0], q)
 
     def _check_deadlines(self, q: PortionQueue, pushes: list[_Push]) -> None:
@@ -415,7 +411,6 @@ class Coordinator:
         for rid in list(self.slots):
             slot = self.slots[rid]
             if slot.future is not None and now - slot.started_s > self.timeout_s:
-                slot.future = None
                 self._replica_failed(rid, RemoteTimeoutError(
                     f"replica {rid} did not answer {slot.kind} within {self.timeout_s:.0f}s (remote_timeout_s)"), q)
         for push in pushes:
@@ -423,14 +418,15 @@ class Coordinator:
                 raise RemoteTimeoutError(f"parameter shards did not add a gradient push within "
                                          f"{self.timeout_s:.0f}s (remote_timeout_s)")
 
-    def _replica_failed(self, rid: int, err: Exception, q: PortionQueue | None) -> None:
-        """Re-queue what the replica held, then replace it (or go on without it)."""
+    def _replica_failed(self, rid: int, err: Exception, q: PortionQueue) -> None:
+        """Forget what the replica computed or held, then replace it (or go on without it)."""
         slot = self.slots[rid]
         self.replica_failures += 1
-        if q is not None:
-            back = q.replica_failed(rid)
-            self.portions_requeued += len(back)
-        self.log(f"replica {rid} failed ({err}); its portions are re-queued")
+        if slot.future is not None and slot.kind == "take" and slot.call_eval == self.eval_id:
+            self.portions_requeued += len(q.lost(slot.claim))  # its push never left it
+        slot.future = None
+        self.portions_requeued += len(q.replica_failed(rid))
+        self.log(f"replica {rid} failed ({err}); what it held is computed again")
         try:
             self.runtime.kill(slot.role)
         except Exception:  # noqa: BLE001 - it is already gone
@@ -442,8 +438,7 @@ class Coordinator:
                 raise DistBeliefError(f"every replica failed (last: replica {rid}: {err})")
             return
         self.slots[rid] = _Slot(new_role)
-        if q is not None:
-            q.add_replica(rid)
+        q.add_replica(rid)
 
     # ------------------------------------------------------------------ reporting
     def stats(self) -> dict:

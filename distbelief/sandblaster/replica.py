@@ -2,16 +2,19 @@
 
 Protocol (the coordinator keeps at most one call outstanding per replica, so calls never overlap):
 
-* ``compute(eval_id, batch_id, batch_size, portion_id, lo, hi, keep_last)`` — the first call of a new ``eval_id``
-  fetches the parameters from the shards (once per evaluation) and starts a fresh accumulator. The gradient of the
-  portion is left in ``grads``; the coordinator decides whether it counts (first result for that portion) and says
-  so in ``keep_last`` of the *next* call, which adds it to the accumulator or drops it. Returns scalars only.
-* ``take_gradient(eval_id, keep_last)`` — applies the pending decision and hands over the accumulated gradient of
-  the portions this replica won since its last push (a new float32 array). The coordinator forwards the result to
-  the shards' ``accumulate`` without fetching it (``Future.as_arg``).
+* ``compute(eval_id, batch_id, batch_size, portion_id, lo, hi, drop)`` — the first call of a new ``eval_id``
+  fetches the parameters from the shards (once per evaluation) and forgets everything held from the last one.
+  The portion's gradient is kept aside, keyed by ``portion_id``; ``drop`` names held portions the coordinator
+  no longer needs (another replica's copy was pushed). Returns scalars only.
+* ``take_gradient(eval_id, include, drop)`` — the push: returns the sum of the held gradients of exactly the
+  portions in ``include`` (a new float32 array) and forgets them and ``drop``. The coordinator forwards the
+  result to the shards' ``accumulate`` without fetching it (``Future.as_arg``).
 
-The portion's contribution is ``mean_loss(portion) * n_portion / batch_size``, i.e. its share of the batch mean,
-so that summing the portions gives exactly the gradient of the batch's mean loss.
+Keeping portions apart until the push is what lets the coordinator decide, portion by portion, whose copy is
+counted (exactly once), and lets an idle replica back up a portion whose only copy sits in a busy straggler.
+
+A portion's contribution is ``mean_loss(portion) * n_portion / batch_size``, its share of the batch mean, so the
+portions of a batch sum exactly to the gradient of the batch's mean loss.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -60,11 +63,11 @@ class SandblasterReplicaSettings:
 
 
 class SandblasterReplica:
-    """One model replica serving portions. It holds the whole training set (any replica may compute any portion,
-    which backup tasks need).
+    """One model replica serving portions. It holds the whole training set (any replica may compute any
+    portion, which backup tasks need).
 
-    Thread-safety: the coordinator never overlaps calls to one replica; ``stats`` and ``kill`` may come from any
-    thread.
+    Thread-safety: the coordinator never overlaps calls to one replica; ``stats`` and ``kill`` may come from
+    any thread.
     """
 
     def __init__(self, replica_id: int, model: torch.nn.Module, dataset, client,
@@ -72,16 +75,15 @@ class SandblasterReplica:
                  loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]):
         self.replica_id = replica_id
         self.model = model
-        self.data = BatchSource(dataset, np.arange(len(dataset)), 1, seed=settings.seed)  # used for .take only
+        self.data = BatchSource(dataset, np.arange(len(dataset)), 1, seed=settings.seed)  # for .take only
         self.num_examples = len(dataset)
         self.client = client
         self.settings = settings
         self.loss_fn = loss_fn
         self.flat, self.grads = bind_flat(model)  # .grad of every parameter is a view into self.grads
-        self.acc = torch.zeros_like(self.grads)
+        self.held: dict[int, torch.Tensor] = {}  # portion id -> its gradient contribution, until pushed
         self.eval_id = -1
         self._batch: tuple[int, int, np.ndarray] | None = None  # (batch_id, batch_size, indices)
-        self._has_last = False
         self._killed = False
         self._lock = threading.Lock()
         self.portions = 0
@@ -98,7 +100,7 @@ class SandblasterReplica:
     def stats(self) -> dict:
         return {"replica_id": self.replica_id, "portions": self.portions, "examples": self.examples,
                 "fetches": self.fetches, "pushes": self.pushes, "compute_s": self.compute_s,
-                "steps": self.portions, "loss_ema": self.last_loss}
+                "held": len(self.held), "steps": self.portions, "loss_ema": self.last_loss}
 
     # ---------------------------------------------------------------- portions
     def _check_alive(self) -> None:
@@ -106,23 +108,17 @@ class SandblasterReplica:
             raise ReplicaKilled(f"replica {self.replica_id} was killed (fault injection)")
 
     def _begin(self, eval_id: int) -> None:
-        """A new evaluation: fetch its parameters once, start an empty accumulator."""
+        """A new evaluation: fetch its parameters once, forget what was held for the last one."""
         parts, _ = self.client.fetch_async().result(self.settings.remote_timeout_s)
         for lo, values in parts:
             self.flat[lo : lo + len(values)].copy_(torch.as_tensor(values))
-        self.acc.zero_()
-        self._has_last = False
+        self.held.clear()
         self.eval_id = eval_id
         self.fetches += 1
 
-    def _settle_last(self, keep_last: bool) -> None:
-        if self._has_last and keep_last:
-            self.acc.add_(self.grads)
-        self._has_last = False
-
     def compute(self, eval_id: int, batch_id: int, batch_size: int, portion_id: int, lo: int, hi: int,
-                keep_last: bool) -> tuple[int, int, float, float]:
-        """Gradient of examples ``[lo, hi)`` of batch ``batch_id``, kept until the coordinator's next call.
+                drop: Sequence[int] = ()) -> tuple[int, int, float, float]:
+        """Gradient of examples ``[lo, hi)`` of batch ``batch_id``, held until the coordinator's push.
 
         Returns ``(eval_id, portion_id, loss_contribution, compute_s)``; ``loss_contribution`` sums over the
         portions of a batch to the batch's mean loss.
@@ -131,8 +127,8 @@ class SandblasterReplica:
         with self._lock:
             if eval_id != self.eval_id:
                 self._begin(eval_id)
-            else:
-                self._settle_last(keep_last)
+            for p in drop:
+                self.held.pop(p, None)
             t0 = time.perf_counter()
             if self._batch is None or self._batch[:2] != (batch_id, batch_size):
                 self._batch = (batch_id, batch_size,
@@ -143,7 +139,7 @@ class SandblasterReplica:
             # This portion's share of the batch mean: summing all portions gives the batch gradient exactly.
             loss = self.loss_fn(self.model(x), y) * (len(idx) / min(batch_size, self.num_examples))
             loss.backward()
-            self._has_last = True
+            self.held[portion_id] = self.grads.clone()
             spent = time.perf_counter() - t0
             s = self.settings
             extra = s.portion_delay_s + (s.straggler_slowdown - 1.0) * (spent + s.portion_delay_s)
@@ -157,18 +153,22 @@ class SandblasterReplica:
             self._check_alive()  # a replica killed while computing must not report a result
             return eval_id, portion_id, value, spent
 
-    def take_gradient(self, eval_id: int, keep_last: bool) -> np.ndarray:
-        """Hand over the accumulated gradient of the portions this replica won since its last push."""
+    def take_gradient(self, eval_id: int, include: Sequence[int], drop: Sequence[int] = ()) -> np.ndarray:
+        """The push: the summed gradient of the held portions ``include`` (they and ``drop`` are forgotten)."""
         self._check_alive()
         with self._lock:
-            if eval_id != self.eval_id:
-                raise RuntimeError(f"replica {self.replica_id}: take_gradient for evaluation {eval_id}, but it "
-                                   f"is on evaluation {self.eval_id}")
-            self._settle_last(keep_last)
-            out = self.acc.numpy().copy()  # a new buffer: the shards may read it after we move on
-            self.acc.zero_()
+            missing = [p for p in include if p not in self.held]
+            if eval_id != self.eval_id or missing:
+                raise RuntimeError(f"replica {self.replica_id}: asked to push portions {missing or include} of "
+                                   f"evaluation {eval_id}, but it holds {sorted(self.held)} of evaluation "
+                                   f"{self.eval_id}")
+            out = torch.zeros_like(self.grads)  # a new buffer: the shards may read it after we move on
+            for p in sorted(include):
+                out.add_(self.held.pop(p))
+            for p in drop:
+                self.held.pop(p, None)
             self.pushes += 1
-            return out
+            return out.numpy()
 
 
 @dataclass

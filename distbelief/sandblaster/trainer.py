@@ -18,7 +18,7 @@ from distbelief.metrics import Clock, RunRecorder
 from distbelief.policies import Decision, RestartPolicy
 from distbelief.ps.shard import ParameterShard
 from distbelief.ps.sharding import ShardLayout, flatten, unflatten_into
-from distbelief.runtime.base import Role, Runtime
+from distbelief.runtime.base import Role, Runtime, ShardClient
 from distbelief.sandblaster.coordinator import Coordinator, CoordinatorSettings
 from distbelief.sandblaster.lbfgs import LBFGSSettings
 from distbelief.sandblaster.replica import SandblasterReplicaRecipe, SandblasterReplicaSettings
@@ -36,7 +36,7 @@ def start_vector_shards(runtime: Runtime, init: torch.Tensor, num_shards: int) -
     return layout, shards
 
 
-def read_params(client, total: int, timeout_s: float) -> torch.Tensor:
+def read_params(client: ShardClient, total: int, timeout_s: float) -> torch.Tensor:
     """The shards' ``params`` as one flat vector (for evaluation in the driver; never used by the coordinator)."""
     parts, _ = client.fetch_async().result(timeout_s)
     flat = torch.empty(total, dtype=torch.float32)

@@ -16,6 +16,7 @@ from distbelief.ps.sharding import bind_flat, flatten
 from distbelief.runtime.base import Future, Role, Runtime
 from distbelief.sandblaster.coordinator import Coordinator, CoordinatorSettings
 from distbelief.sandblaster.lbfgs import LBFGSSettings
+from distbelief.sandblaster.portions import PortionState
 from distbelief.sandblaster.replica import SandblasterReplicaRecipe, SandblasterReplicaSettings
 from distbelief.sandblaster.trainer import read_params, start_vector_shards
 
@@ -100,6 +101,12 @@ def full_batch_gradient(model_fn, dataset: TensorDataset) -> torch.Tensor:
     X, Y = dataset.tensors
     F.cross_entropy(model(X), Y).backward()
     return grads.clone()
+
+
+def held_only_by(queue, rid: int) -> list[int]:
+    """Portions whose only computed copy sits, unpushed, in replica ``rid`` (lost if it dies now)."""
+    return [p.portion_id for p in queue.portions
+            if p.holders == {rid} and p.state is PortionState.HELD and not p.running_on]
 
 
 def make_replicas(runtime: Runtime, rids, shards, layout, model_fn, dataset) -> dict[int, Role]:

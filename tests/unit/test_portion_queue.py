@@ -48,7 +48,7 @@ def test_backups_only_when_nothing_is_pending_and_never_to_the_same_replica():
     assert q.result(2, 2) is True
     b = q.next_for(2)  # nothing pending: a backup of the longest-running portion
     assert b.portion_id == p0.portion_id and q.backups_issued == 1
-    assert q.next_for(0) is not None and q.backups_issued == 2  # replica 0 backs up portion 1, not its own 0
+    assert q.next_for(0).portion_id == 1 and q.backups_issued == 2  # replica 0 backs up portion 1, not its 0
     assert q.portions[1].running_on == {0, 1}
     assert q.next_for(0) is None  # it already runs every portion with room for a copy
 
@@ -59,51 +59,78 @@ def test_no_backups_when_disabled():
     assert q.next_for(2) is None
 
 
-def test_first_result_wins_and_the_duplicate_is_discarded():
+def test_a_result_held_by_a_busy_straggler_is_backed_up():
+    q = PortionQueue(20, 10, [0, 1])
+    q.next_for(0), q.next_for(1)
+    q.result(1, 1)  # replica 1 holds portion 1 ...
+    q.next_for(1)  # ... and is busy with a backup of portion 0
+    q.result(0, 0)
+    # Replica 0 pushes portion 0; portion 1 sits in busy replica 1: replica 0 may compute it again.
+    assert q.claim(0) == ([0], [])
+    assert q.next_for(0, busy={1}).portion_id == 1
+    assert q.next_for(0, busy=set()) is None  # were replica 1 idle, its own push would be awaited instead
+
+
+def test_claims_are_exclusive_and_the_other_copies_are_dropped():
     q = PortionQueue(10, 10, [0, 1])
     q.next_for(0)
     q.next_for(1)  # backup
-    assert q.result(0, 1) is True  # the backup finished first: it wins
+    assert q.result(0, 1) is True  # the backup finished first
     assert q.result(0, 0) is False and q.duplicates == 1
-    assert q.portions[0].winner == 1 and q.won_by(1) == [0]
-    q.pushing([0])
+    assert q.held_by(0) == [0] and q.held_by(1) == [0] and q.claimable(0) == 1
+    assert q.claim(1) == ([0], [])  # whoever pushes first carries it
+    assert q.claimable(0) == 0 and q.portions[0].state is PortionState.PUSHING
+    assert q.claim(0) == ([], [0])  # replica 0's copy is dropped
     q.committed([0])
     assert q.all_committed()
 
 
-def test_a_dead_replicas_running_and_unpushed_portions_are_requeued_but_pushed_ones_are_not():
-    q = PortionQueue(40, 10, [0, 1], backup_tasks=False)
+def test_release_names_copies_claimed_elsewhere():
+    q = PortionQueue(10, 10, [0, 1], force_backups=True)
+    q.next_for(0), q.next_for(1)
+    q.result(0, 0), q.result(0, 1)
+    q.claim(0)
+    assert q.release(1) == [0] and q.held_by(1) == []
+
+
+def test_a_dead_replicas_running_and_held_portions_are_requeued_but_claimed_ones_are_not():
+    q = PortionQueue(50, 10, [0, 1], backup_tasks=False)
+    e = q.next_for(1).portion_id
     a = q.next_for(0).portion_id
     q.result(a, 0)
     b = q.next_for(0).portion_id
     q.result(b, 0)
-    q.pushing([b])  # b's gradient has left replica 0
-    c = q.next_for(0).portion_id  # running
-    d = q.next_for(1).portion_id
+    q.claim(0)  # a and b are on their way to the shards
+    c = q.next_for(0).portion_id
+    q.result(c, 0)  # held
+    d = q.next_for(0).portion_id  # running
     back = q.replica_failed(0)
-    assert sorted(back) == sorted([a, c])
-    assert q.portions[a].state is PortionState.PENDING and q.portions[c].state is PortionState.PENDING
-    assert q.portions[b].state is PortionState.PUSHING and q.portions[d].state is PortionState.RUNNING
+    assert sorted(back) == sorted([c, d])
+    assert q.portions[a].state is PortionState.PUSHING and q.portions[b].state is PortionState.PUSHING
+    assert q.portions[e].state is PortionState.RUNNING
 
 
-def test_won_portion_of_a_dead_winner_stays_running_while_a_backup_computes_it():
+def test_held_portion_of_a_dead_replica_stays_running_while_a_backup_computes_it():
     q = PortionQueue(10, 10, [0, 1])
     q.next_for(0)
     q.next_for(1)
-    q.result(0, 0)  # 0 wins, 1 still computing its copy
+    q.result(0, 0)  # 0 holds it, 1 still computing its copy
     q.replica_failed(0)
     assert q.portions[0].state is PortionState.RUNNING and q.portions[0].running_on == {1}
-    assert q.result(0, 1) is True  # the copy now counts
+    q.result(0, 1)
+    assert q.claim(1) == ([0], [])
 
 
-def test_lost_push_is_computed_again():
-    q = PortionQueue(10, 10, [0])
-    q.next_for(0)
-    q.result(0, 0)
-    q.pushing([0])
+def test_lost_push_falls_back_to_another_copy_or_is_computed_again():
+    q = PortionQueue(20, 10, [0, 1], force_backups=True)
+    q.next_for(0), q.next_for(1)
+    for rid in (0, 1):
+        q.result(0, rid)
+    q.claim(0)
+    q.lost([0])
+    assert q.portions[0].state is PortionState.HELD and q.claim(1) == ([0], [])
     q.lost([0])
     assert q.portions[0].state is PortionState.PENDING
-    assert q.next_for(0).portion_id == 0
 
 
 def test_forced_backups_give_every_portion_a_second_copy():
@@ -123,41 +150,37 @@ def test_forced_backups_give_every_portion_a_second_copy():
 
 @pytest.mark.parametrize("seed", range(20))
 def test_random_schedules_commit_every_portion_exactly_once(seed):
-    """Random completions, duplicates and failures: each portion ends committed exactly once."""
+    """Random completions, pushes, duplicates, lost pushes and failures: each portion is committed once."""
     rng = random.Random(seed)
     q = PortionQueue(97, 7, [0, 1, 2], force_backups=seed % 2 == 0)
     running: dict[int, int | None] = {0: None, 1: None, 2: None}
-    held: dict[int, list[int]] = {0: [], 1: [], 2: []}  # won, not yet pushed
     commits = []
     next_id = itertools.count(3)
-    for _ in range(10_000):
+    for _ in range(20_000):
         if q.all_committed():
             break
+        busy = {r for r, p in running.items() if p is not None}
         for rid in list(running):
-            if running[rid] is None:
-                p = q.next_for(rid)
+            if running[rid] is None and not q.claimable(rid):
+                p = q.next_for(rid, busy)
                 running[rid] = None if p is None else p.portion_id
         rid = rng.choice(list(running))
         event = rng.random()
         if event < 0.03:  # the replica dies; a new one replaces it
             q.replica_failed(rid)
-            del running[rid], held[rid]
+            del running[rid]
             new = next(next_id)
-            running[new], held[new] = None, []
+            running[new] = None
             q.add_replica(new)
-        elif event < 0.2 and held[rid]:  # push what it holds
-            q.pushing(held[rid])
-            q.committed(held[rid])
-            commits += held[rid]
-            held[rid] = []
-        elif running[rid] is not None:
-            if q.result(running[rid], rid):
-                held[rid].append(running[rid])
+        elif running[rid] is not None and event < 0.7:
+            q.result(running[rid], rid)
             running[rid] = None
-        elif held[rid]:
-            q.pushing(held[rid])
-            q.committed(held[rid])
-            commits += held[rid]
-            held[rid] = []
+        elif running[rid] is None and q.claimable(rid):
+            include, _ = q.claim(rid)
+            if event < 0.8:  # the push is lost on its way
+                q.lost(include)
+            else:
+                q.committed(include)
+                commits += include
     assert q.all_committed()
     assert sorted(commits) == list(range(len(q)))
