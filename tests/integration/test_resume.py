@@ -122,3 +122,15 @@ def test_resume_over_a_corrupted_checkpoint_uses_the_previous_one_and_says_so(tm
     # The older checkpoint plus the write-ahead log rebuilt exactly the state that was lost.
     torch.testing.assert_close(again.flat_params, saved, rtol=0, atol=0)
     assert again.summary["updates_per_shard"] == [120, 120]
+
+
+def test_partitioned_run_resumes_and_reshards(tmp_path):
+    base = dict(runtime="inprocess", model="lc1d", partitions=2, replicas=2, shards=2, max_steps=30, max_seconds=0,
+                eval_every_seconds=3600, num_samples=2000, batch_size=16, out=str(tmp_path / "run"))
+    first = train_task(RunConfig(**base), quiet=True)
+    assert first.summary["steps_per_replica"] == [30, 30]
+    again = train_task(RunConfig(**{**base, "shards": 3, "max_steps": 40}), quiet=True, resume=True)
+    assert again.summary["steps_per_replica"] == [40, 40]
+    # Each partition pushes its own range; every shard received the 10 extra steps of both replicas.
+    assert all(u >= 60 + 2 * 10 for u in again.summary["updates_per_shard"])
+    assert torch.isfinite(again.flat_params).all()
