@@ -1,6 +1,7 @@
 """Bad input gets a clear error (before any worker starts) or a counted rejection; nothing is silently corrupted."""
 
 import pickletools
+import threading
 
 import pytest
 import torch
@@ -42,19 +43,22 @@ class NaNEvery:
     """A loss that is NaN for every n-th minibatch (a replica pushing poisoned gradients)."""
 
     def __init__(self, n: int):
-        self.n, self.calls = n, 0
+        self.n, self.calls, self.lock = n, 0, threading.Lock()  # replicas are threads in-process
 
     def __call__(self, out, y):
-        self.calls += 1
+        with self.lock:
+            self.calls += 1
+            poisoned = self.calls % self.n == 0
         loss = F.cross_entropy(out, y)
-        return loss * float("nan") if self.calls % self.n == 0 else loss
+        return loss * float("nan") if poisoned else loss
 
 
 def test_nan_pushes_are_rejected_counted_and_parameters_stay_finite(toy_data):
     res = train(make_odd_model, toy_data[0], toy_data[1], runtime="inprocess", quiet=True, replicas=2, shards=3,
                 max_steps=40, max_seconds=0, eval_every_seconds=3600, loss_fn=NaNEvery(5), batch_size=16)
     s = res.summary
-    # Each replica computed 40 gradients, 8 of them NaN; every shard refused every NaN push.
+    # 80 gradients in all (plus the driver's start-up check, call 1): calls 5, 10, ..., 80 are NaN — 16 pushes,
+    # each refused by all 3 shards.
     assert s["rejected_pushes"] == 2 * 8 * 3
     assert s["updates_per_shard"] == [2 * 32] * 3
     assert torch.isfinite(res.flat_params).all()
