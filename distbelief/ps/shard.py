@@ -191,6 +191,51 @@ class ParameterShard:
         shard.checkpoint()  # a fresh base: the replayed state is durable before we accept new pushes
         return shard
 
+    # ------------------------------------------------------------------ Sandblaster iteration checkpoints
+    VECTOR_CKPT_DIR = "sandblaster"
+
+    def checkpoint_vectors(self, root: str, tag: int, keep: int = 3) -> int:
+        """Save every named vector (params, x, d, gradients, the (s, y) ring, temporaries) as checkpoint ``tag``
+        under ``root/sandblaster`` (atomic, checksummed; the newest ``keep`` are kept). Returns ``tag``."""
+        from distbelief.ps.checkpoint import save_checkpoint
+
+        meta = {"shard_id": self.shard_id, "lo": self.lo, "hi": self.hi, "total": self.total, "version": tag}
+        save_checkpoint(f"{root}/{self.VECTOR_CKPT_DIR}", self.shard_id, meta,
+                        {f"vec.{name}": v for name, v in self.vectors.items()}, keep=keep)
+        self.checkpoints_written += 1
+        return tag
+
+    @classmethod
+    def _vector_checkpoint(cls, root: str, shard_id: int, tag: int):
+        from distbelief.ps.checkpoint import load_checkpoint, shard_dir
+
+        path = shard_dir(f"{root}/{cls.VECTOR_CKPT_DIR}", shard_id) / f"ckpt-{int(tag):012d}.safetensors"
+        meta, tensors = load_checkpoint(path)  # CorruptCheckpoint if damaged (checksum)
+        if meta["shard_id"] != shard_id or meta["version"] != tag:
+            raise ValueError(f"shard {shard_id}: {path} belongs to shard {meta['shard_id']}, tag {meta['version']}")
+        return meta, {k[4:]: v for k, v in tensors.items() if k.startswith("vec.")}
+
+    def load_vectors(self, root: str, tag: int) -> int:
+        """Roll every named vector back to checkpoint ``tag`` (written by ``checkpoint_vectors``); vectors made
+        since are dropped. Returns ``tag``."""
+        meta, vecs = self._vector_checkpoint(root, self.shard_id, tag)
+        if (meta["lo"], meta["hi"]) != (self.lo, self.hi):
+            raise ValueError(f"shard {self.shard_id}: checkpoint covers [{meta['lo']}, {meta['hi']}) but this shard "
+                             f"owns [{self.lo}, {self.hi})")
+        params = self.vectors[PARAMS]
+        params.copy_(vecs.pop(PARAMS))  # in place: params shares memory with what fetch() returns
+        self.vectors = {PARAMS: params, **{k: v.clone() for k, v in vecs.items()}}
+        return tag
+
+    @classmethod
+    def from_vectors(cls, root: str, shard_id: int, tag: int) -> "ParameterShard":
+        """A vector-only shard (no server optimizer) rebuilt from Sandblaster iteration checkpoint ``tag``."""
+        meta, vecs = cls._vector_checkpoint(root, shard_id, tag)
+        shard = cls(shard_id, meta["lo"], meta["hi"], vecs[PARAMS].numpy(), None, meta["total"])
+        shard.load_vectors(root, tag)
+        shard.restored_from_version = tag
+        return shard
+
     # ------------------------------------------------------------------ Downpour
     def fetch(self, replica_id: int = -1) -> tuple[np.ndarray, int]:
         """The live parameter slice and its version. Callers in the same process must copy it."""

@@ -17,13 +17,15 @@ Plain Python: the runtime is the only thing it talks to, and it never imports an
 
 from __future__ import annotations
 
+import copy
 import math
 import time
+from functools import partial
 from dataclasses import dataclass, field
 from typing import Callable
 
 from distbelief.exceptions import DistBeliefError, RemoteTimeoutError, RoleFailedError
-from distbelief.ps.shard import PARAMS
+from distbelief.ps.shard import PARAMS, ParameterShard
 from distbelief.runtime.base import Future, Role, Runtime
 from distbelief.sandblaster.lbfgs import Gram, LBFGSSettings, directional_derivative, two_loop_coefficients
 from distbelief.sandblaster.portions import PortionQueue
@@ -47,6 +49,9 @@ class CoordinatorSettings:
         seed: seeds the batch order (full batch ignores it).
         remote_timeout_s: the longest any call may take; a replica over it is treated as dead.
         poll_s: how long one wait for results may block before the loop looks at timeouts and hooks.
+        checkpoint_dir: where every shard saves all its vectors at the start of each iteration; a shard that dies
+            is restarted from there and the iteration is redone. Empty: no checkpoints (a dead shard ends the run).
+        max_shard_restarts: how often one shard may be restarted in a run.
     """
 
     num_examples: int
@@ -59,6 +64,8 @@ class CoordinatorSettings:
     seed: int = 0
     remote_timeout_s: float = 120.0
     poll_s: float = 0.5
+    checkpoint_dir: str = ""
+    max_shard_restarts: int = 3
 
     @property
     def effective_batch(self) -> int:
@@ -93,6 +100,14 @@ class _Push:
     started_s: float
 
 
+class _ShardFailed(RoleFailedError):
+    """Parameter shard ``shard_id`` died during an iteration (internal: triggers a rollback)."""
+
+    def __init__(self, shard_id: int, msg: str):
+        super().__init__(msg)
+        self.shard_id = shard_id
+
+
 @dataclass
 class StepResult:
     """What one L-BFGS iteration did."""
@@ -116,13 +131,16 @@ class Coordinator:
             go on without it. Default: go on without it.
         log: progress messages.
         on_poll: called on every turn of the portion loop (fault injection, tests).
+        shard_replaced: called with ``(shard_id, new_role)`` after a dead shard was restarted (the coordinator
+            itself updates ``shards`` in place and its replicas' clients; the caller updates its own clients).
     """
 
     def __init__(self, runtime: Runtime, shards: list[Role], replicas: dict[int, Role],
                  settings: CoordinatorSettings,
                  restart: Callable[[int, Exception], Role | None] | None = None,
                  log: Callable[[str], None] | None = None,
-                 on_poll: Callable[["Coordinator"], None] | None = None):
+                 on_poll: Callable[["Coordinator"], None] | None = None,
+                 shard_replaced: Callable[[int, Role], None] | None = None):
         if not replicas:
             raise ValueError("the coordinator needs at least one replica")
         self.runtime, self.shards, self.settings = runtime, shards, settings
@@ -130,6 +148,7 @@ class Coordinator:
         self.restart = restart
         self.log = log or (lambda msg: None)
         self.on_poll = on_poll
+        self.shard_replaced = shard_replaced
         self.timeout_s = settings.remote_timeout_s
         m = settings.lbfgs.history
         # m + 1 slots: the new pair is written into a free slot, so a pair that fails the curvature test never
@@ -156,6 +175,14 @@ class Coordinator:
         self.examples = 0
         self.portions_by_replica: dict[int, int] = {rid: 0 for rid in replicas}
         self._started = False
+        # shard failures: the last iteration checkpoint every shard acknowledged, and our scalars at that point
+        self.shard_restarts = 0
+        self.iterations_redone = 0
+        self.shard_recovery_s: list[float] = []
+        self._restarts_by_shard: dict[int, int] = {}
+        self._ckpt_tag = -1
+        self._snapshot: dict | None = None
+        self._pushes: list[_Push] = []
 
     # ------------------------------------------------------------------ shard programs
     def _program(self, ops: list[tuple]) -> list:
@@ -166,8 +193,7 @@ class Coordinator:
             try:
                 per_shard.append(f.result(self.timeout_s))
             except RoleFailedError as e:
-                raise RoleFailedError(f"parameter shard {k} failed during an L-BFGS vector program: {e}. "
-                                      f"Sandblaster keeps its history on the shards and cannot continue") from e
+                raise _ShardFailed(k, f"parameter shard {k} failed during an L-BFGS vector program: {e}") from e
         out = []
         for i in range(len(ops)):
             vals = [r[i] for r in per_shard]
@@ -209,7 +235,122 @@ class Coordinator:
         self._need_eval = False
 
     def step(self) -> StepResult:
-        """One L-BFGS iteration: direction by the two-loop recursion, then a backtracking Armijo line search."""
+        """One L-BFGS iteration: direction by the two-loop recursion, then a backtracking Armijo line search.
+
+        With ``checkpoint_dir``, every shard first saves all its vectors (a consistent point); if a shard dies
+        during the iteration it is restarted from that checkpoint, every shard and the coordinator roll back to
+        it, and the iteration is done again — the result is the same as without the failure.
+        """
+        failed: _ShardFailed | None = None
+        goal = self.iterations + 1
+        while True:
+            try:
+                if failed is not None:
+                    self._recover(failed)
+                    failed = None
+                if self.settings.checkpoint_dir:
+                    self._save_checkpoint()
+                result = self._step()
+                if result.accepted and not result.stopped and self.iterations < goal:
+                    continue  # that was an earlier iteration, redone after a rollback: now do this one
+                return result
+            except _ShardFailed as e:
+                if not self.settings.checkpoint_dir or self._ckpt_tag < 0:
+                    raise RoleFailedError(f"{e}. Sandblaster keeps its history on the shards and cannot continue "
+                                          f"without iteration checkpoints (checkpoint_dir)") from e
+                n = self._restarts_by_shard.get(e.shard_id, 0)
+                if n >= self.settings.max_shard_restarts:
+                    raise RoleFailedError(f"{e}; shard {e.shard_id} was already restarted {n} times "
+                                          f"(max_shard_restarts)") from e
+                failed = e
+
+    # ------------------------------------------------------------------ shard failures
+    _SCALARS = ("pairs", "_free", "gram", "g", "g_next", "f", "batch_id", "_need_eval", "iterations", "_started")
+
+    def _save_checkpoint(self) -> None:
+        """Every shard saves all its vectors as checkpoint ``tag``; once all have, remember our scalars."""
+        tag = self._ckpt_tag + 1
+        futs = [self.runtime.call(s, "checkpoint_vectors", self.settings.checkpoint_dir, tag) for s in self.shards]
+        for k, f in enumerate(futs):
+            try:
+                f.result(self.timeout_s)
+            except RoleFailedError as e:
+                raise _ShardFailed(k, f"parameter shard {k} failed while checkpointing: {e}") from e
+        self._ckpt_tag = tag
+        self._snapshot = {name: copy.deepcopy(getattr(self, name)) for name in self._SCALARS}
+
+    def _dead_shards(self) -> list[int]:
+        futs = [self.runtime.call(s, "stats") for s in self.shards]
+        dead = []
+        for k, f in enumerate(futs):
+            try:
+                f.result(self.timeout_s)
+            except RoleFailedError:
+                dead.append(k)
+        return dead
+
+    def _recover(self, err: _ShardFailed) -> None:
+        """Restart the dead shard(s) from the last iteration checkpoint, drop the partial iteration, and roll every
+        shard and our own scalars back to that checkpoint."""
+        t0 = time.monotonic()
+        root, tag = self.settings.checkpoint_dir, self._ckpt_tag
+        dead = sorted({err.shard_id, *self._dead_shards()})
+        self.log(f"parameter shard(s) {dead} died ({err}); restarting from iteration checkpoint {tag} and redoing "
+                 f"the iteration")
+        for k in dead:
+            try:
+                self.runtime.kill(self.shards[k])
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+            role = self.runtime.create_shard(k, partial(ParameterShard.from_vectors, root, k, tag))
+            try:
+                self.runtime.call(role, "stats").result(max(self.timeout_s, 180.0))
+            except RoleFailedError as e:
+                raise RoleFailedError(f"parameter shard {k} could not be restarted from checkpoint {tag}: {e}") from e
+            self.shards[k] = role  # in place: whoever shares this list (the trainer) sees the new shard
+            self._restarts_by_shard[k] = self._restarts_by_shard.get(k, 0) + 1
+            self.shard_restarts += 1
+            handed = [(rid, self.runtime.call(slot.role, "replace_shard", k, role.handle))
+                      for rid, slot in self.slots.items()]
+            for rid, f in handed:
+                try:
+                    f.result(self.timeout_s)
+                except (RoleFailedError, RemoteTimeoutError) as e:  # it will fail its next call and be replaced
+                    self.log(f"replica {rid} could not take the restarted shard {k}: {e}")
+            if self.shard_replaced is not None:
+                self.shard_replaced(k, role)
+        # Let whatever the partial iteration still has in flight finish (its results are discarded): nothing of
+        # it may reach a shard after the rollback.
+        for rid in list(self.slots):
+            slot = self.slots[rid]
+            if slot.future is not None:
+                try:
+                    slot.future.result(self.timeout_s)
+                    slot.future = None
+                except (RoleFailedError, RemoteTimeoutError) as e:
+                    self._replica_failed(rid, e, None)
+            slot.claim = []
+        for push in self._pushes:
+            for f in push.futures:
+                try:
+                    f.result(self.timeout_s)
+                except (RoleFailedError, RemoteTimeoutError):
+                    pass
+        self._pushes = []
+        self.queue = None
+        futs = [self.runtime.call(s, "load_vectors", root, tag) for s in self.shards]
+        for k, f in enumerate(futs):
+            try:
+                f.result(self.timeout_s)
+            except RoleFailedError as e:
+                raise _ShardFailed(k, f"parameter shard {k} failed while rolling back: {e}") from e
+        for name, value in self._snapshot.items():
+            setattr(self, name, copy.deepcopy(value))
+        self.iterations_redone += 1
+        self.shard_recovery_s.append(time.monotonic() - t0)
+        self.log(f"shard(s) {dead} restored from iteration checkpoint {tag} in {self.shard_recovery_s[-1]:.2f}s")
+
+    def _step(self) -> StepResult:
         if not self._started:
             self.start()
         lb = self.settings.lbfgs
@@ -303,7 +444,7 @@ class Coordinator:
         self.queue = q = PortionQueue(cfg.effective_batch, cfg.portion_size, list(self.slots),
                                       backup_tasks=cfg.backup_tasks, force_backups=cfg.force_backups)
         losses: dict[int, float] = {}
-        pushes: list[_Push] = []
+        self._pushes = pushes = []
         while not q.all_committed():
             if self.on_poll is not None:
                 self.on_poll(self)
@@ -317,6 +458,12 @@ class Coordinator:
                     raise DistBeliefError("every replica failed and none could be restarted")
                 raise AssertionError("portion queue stalled: portions left but nothing running")
             done = {id(f) for f in self.runtime.wait_any(waiting, cfg.poll_s)}
+            if not done and cfg.checkpoint_dir:
+                # Nothing finished for a while: a replica may be waiting on a dead shard (its fetch blocks until
+                # the shard is replaced), so look.
+                dead = self._dead_shards()
+                if dead:
+                    raise _ShardFailed(dead[0], f"parameter shard {dead[0]} died during a gradient evaluation")
             for rid in list(self.slots):
                 slot = self.slots.get(rid)
                 if slot is not None and slot.future is not None and id(slot.future) in done:
@@ -397,6 +544,9 @@ class Coordinator:
             q.committed(push.portion_ids)
             self.portions_done += len(push.portion_ids)
             return
+        dead = self._dead_shards()
+        if dead:
+            raise _ShardFailed(dead[0], f"parameter shard {dead[0]} died while adding a gradient push: {errors[0]}")
         if len(errors) < len(push.futures):
             raise RoleFailedError(f"a parameter shard failed while adding a gradient push ({errors[0]}); the "
                                   f"batch gradient is inconsistent and Sandblaster cannot continue")
@@ -418,14 +568,16 @@ class Coordinator:
                 raise RemoteTimeoutError(f"parameter shards did not add a gradient push within "
                                          f"{self.timeout_s:.0f}s (remote_timeout_s)")
 
-    def _replica_failed(self, rid: int, err: Exception, q: PortionQueue) -> None:
-        """Forget what the replica computed or held, then replace it (or go on without it)."""
+    def _replica_failed(self, rid: int, err: Exception, q: PortionQueue | None) -> None:
+        """Forget what the replica computed or held, then replace it (or go on without it). ``q`` is None when
+        the evaluation was abandoned (a shard failure)."""
         slot = self.slots[rid]
         self.replica_failures += 1
-        if slot.future is not None and slot.kind == "take" and slot.call_eval == self.eval_id:
+        if q is not None and slot.future is not None and slot.kind == "take" and slot.call_eval == self.eval_id:
             self.portions_requeued += len(q.lost(slot.claim))  # its push never left it
         slot.future = None
-        self.portions_requeued += len(q.replica_failed(rid))
+        if q is not None:
+            self.portions_requeued += len(q.replica_failed(rid))
         self.log(f"replica {rid} failed ({err}); what it held is computed again")
         try:
             self.runtime.kill(slot.role)
@@ -438,7 +590,8 @@ class Coordinator:
                 raise DistBeliefError(f"every replica failed (last: replica {rid}: {err})")
             return
         self.slots[rid] = _Slot(new_role)
-        q.add_replica(rid)
+        if q is not None:
+            q.add_replica(rid)
 
     # ------------------------------------------------------------------ reporting
     def stats(self) -> dict:
@@ -454,4 +607,6 @@ class Coordinator:
             "examples": self.examples,
             "loss": self.f,
             "history_pairs": len(self.pairs),
+            "shard_restarts": self.shard_restarts,
+            "iterations_redone": self.iterations_redone,
         }

@@ -97,6 +97,10 @@ class SandblasterReplica:
     def kill(self) -> None:
         self._killed = True
 
+    def replace_shard(self, shard_id: int, handle) -> None:
+        """A parameter shard was restarted: talk to its new process (a fetch waiting on the dead one resumes)."""
+        self.client.replace_shard(shard_id, handle)
+
     def stats(self) -> dict:
         return {"replica_id": self.replica_id, "portions": self.portions, "examples": self.examples,
                 "fetches": self.fetches, "pushes": self.pushes, "compute_s": self.compute_s,

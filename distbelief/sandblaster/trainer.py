@@ -7,8 +7,10 @@ Same run directory and summary fields as the Downpour trainer, plus Sandblaster'
 from __future__ import annotations
 
 import math
+import tempfile
 import time
 from functools import partial
+from pathlib import Path
 
 import torch
 
@@ -70,6 +72,24 @@ class SandblasterTrainer:
         self.replica_restarts = 0
         self.replicas_lost = 0
         self._killed_once = False
+        self._shard_killed_once = False
+        self.checkpoint_dir = self._checkpoint_dir()
+
+    def _checkpoint_dir(self) -> str:
+        """Where shards save their vectors every iteration (on whenever Downpour's shard durability would be)."""
+        cfg = self.cfg
+        if not (cfg.checkpoint_every_seconds or cfg.checkpoint_every_updates or cfg.wal):
+            return ""
+        if cfg.out:
+            root = Path(cfg.out) / "checkpoints"
+        else:
+            self._tmp = tempfile.TemporaryDirectory(prefix="distbelief-ckpt-")
+            root = Path(self._tmp.name)
+        return str(root.resolve())
+
+    def _shard_replaced(self, k: int, role: Role) -> None:
+        self.client.replace_shard(k, role.handle)  # self.shards is the coordinator's list, already updated
+        self.rec.log(f"parameter shard {k} restarted from its iteration checkpoint; the iteration is redone")
 
     # ---------------------------------------------------------------- roles
     def _start_replicas(self, rids: list[int]) -> dict[int, Role]:
@@ -111,6 +131,11 @@ class SandblasterTrainer:
                 self._killed_once = True
                 self.rec.log(f"fault injection: killing replica {cfg.kill_replica_id}")
                 self.runtime.kill(slot.role)
+        if (cfg.kill_shard_after_s and not self._shard_killed_once
+                and self.clock.elapsed() >= cfg.kill_shard_after_s):
+            self._shard_killed_once = True
+            self.rec.log(f"fault injection: killing parameter shard {cfg.kill_shard_id}")
+            self.runtime.kill(self.shards[cfg.kill_shard_id])
 
     # ---------------------------------------------------------------- evaluation
     def server_params(self) -> torch.Tensor:
@@ -152,7 +177,8 @@ class SandblasterTrainer:
         return CoordinatorSettings(
             num_examples=self.num_examples, batch_size=cfg.batch_size, portion_size=cfg.portion_size,
             push_every_portions=cfg.push_every_portions, backup_tasks=cfg.backup_tasks,
-            lbfgs=LBFGSSettings(history=cfg.history), seed=cfg.seed, remote_timeout_s=cfg.remote_timeout_s)
+            lbfgs=LBFGSSettings(history=cfg.history), seed=cfg.seed, remote_timeout_s=cfg.remote_timeout_s,
+            checkpoint_dir=self.checkpoint_dir, max_shard_restarts=cfg.max_shard_restarts)
 
     def run(self) -> dict:
         cfg = self.cfg
@@ -166,7 +192,8 @@ class SandblasterTrainer:
         try:
             replicas = self._start_replicas(list(range(cfg.replicas)))
             self.coord = coord = Coordinator(self.runtime, self.shards, replicas, self._coordinator_settings(),
-                                             restart=self._restart, log=self.rec.log, on_poll=self._inject_fault)
+                                             restart=self._restart, log=self.rec.log, on_poll=self._inject_fault,
+                                             shard_replaced=self._shard_replaced)
             self.clock = Clock()
             next_eval = cfg.eval_every_seconds
             while True:
@@ -221,6 +248,12 @@ class SandblasterTrainer:
             "rejected_pushes": 0,
             "replica_restarts": self.replica_restarts,
             "replicas_lost": self.replicas_lost,
+            "shard_restarts": c["shard_restarts"],
+            # A restarted shard and its peers roll back to the last iteration checkpoint and the iteration is
+            # redone: no accepted L-BFGS step is lost.
+            "updates_lost": 0,
+            "iterations_redone": c["iterations_redone"],
+            "shard_recovery_s": list(coord.shard_recovery_s),
             "stop_reason": self.stop_reason,
             "wall_s": wall,
             "iterations": c["iterations"],

@@ -135,9 +135,10 @@ def build(runtime: Runtime, model_fn, dataset, num_shards: int, num_replicas: in
     cs = CoordinatorSettings(num_examples=len(dataset), batch_size=len(dataset), portion_size=portion_size,
                              push_every_portions=push_every_portions, lbfgs=LBFGSSettings(history=history),
                              remote_timeout_s=60.0, **settings)
-    coord = Coordinator(coordinator_runtime or runtime, shards, replicas, cs, on_poll=on_poll,
-                        restart=lambda rid, err: make_replicas(runtime, [rid], shards, layout, model_fn, dataset)[rid])
     client = runtime.shard_client(shards, layout)
+    coord = Coordinator(coordinator_runtime or runtime, shards, replicas, cs, on_poll=on_poll,
+                        restart=lambda rid, err: make_replicas(runtime, [rid], shards, layout, model_fn, dataset)[rid],
+                        shard_replaced=lambda k, role: client.replace_shard(k, role.handle))
     return coord, lambda: read_params(client, init.numel(), 60.0)
 
 

@@ -77,3 +77,26 @@ def test_ray_mnist1d_mlp_reaches_80_percent(tmp_path):
     assert summary["runtime"] == "ray" and summary["final_test_accuracy"] >= 0.80
     assert summary["stop_reason"] == "target accuracy reached"
     assert summary["portions_done"] == 16 * summary["gradient_evals"]
+
+
+def test_ray_shard_process_killed_mid_iteration_is_restarted_and_oracle_holds(runtime, logreg, tmp_path):
+    """2 shards x 2 replicas on Ray; at iteration 3, once part of the batch gradient reached the shards, shard 1's
+    actor process is killed (ray.kill). It is restarted from the iteration checkpoint of all its vectors, the
+    iteration is redone, and after 15 iterations the parameters match single-process L-BFGS."""
+    ds, expected = logreg
+    killed = []
+
+    def kill_shard_mid_evaluation(coord):
+        q = coord.queue
+        if not killed and coord.iterations == 3 and q is not None and coord.portions_done > 0 \
+                and not q.all_committed():
+            killed.append(coord.shards[1])
+            ray.kill(coord.shards[1].handle, no_restart=True)  # the process dies with every vector it held
+
+    coord, read = build(runtime, logreg_model, ds, 2, 2, history=HISTORY, push_every_portions=2,
+                        checkpoint_dir=str(tmp_path), on_poll=kill_shard_mid_evaluation)
+    for _ in range(ITERATIONS):
+        assert coord.step().accepted
+    assert killed and coord.shards[1] is not killed[0]
+    assert coord.shard_restarts == 1 and coord.iterations_redone == 1 and coord.iterations == ITERATIONS
+    torch.testing.assert_close(read(), expected, atol=1e-4, rtol=0)
