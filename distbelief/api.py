@@ -127,8 +127,8 @@ def train(
     if resume and cfg.strategy == "sgd":
         raise ConfigError("resume", "single-process sgd runs keep no checkpoints; resume a downpour or sync run")
     if resume and cfg.strategy == "sandblaster":
-        raise ConfigError("resume", "sandblaster keeps no checkpoints (its L-BFGS history lives only on the "
-                                    "shards); resume a downpour or sync run")
+        raise ConfigError("resume", "sandblaster runs cannot be resumed yet (their per-iteration checkpoints "
+                                    "serve shard restarts within a run); resume a downpour or sync run")
     if resume and not (cfg.out and (Path(cfg.out) / "checkpoints").is_dir()):
         raise ConfigError("resume", f"{cfg.out or '(no run directory)'} has no checkpoints/ to resume from")
     job = Job(cfg, model_fn, train_data, test_data, loss_fn, _resolve_threads(cfg))
