@@ -301,12 +301,22 @@ class ParameterServerTrainer:
             st.last_stats = s
             st.steps = st.base_steps + s["steps"]
 
+    def _read_server(self, fn):
+        """Run a driver-side read of the shards; if a shard turns out dead, restart it and read again."""
+        for attempt in range(self.cfg.max_shard_restarts + 1):
+            try:
+                return fn()
+            except RoleFailedError:
+                if attempt == self.cfg.max_shard_restarts:
+                    raise
+                self._check_shards()
+
     def evaluate_now(self) -> dict:
         wall = self.clock.elapsed()
-        flat = self.server_params()
+        flat = self._read_server(self.server_params)
         unflatten_into(self.eval_model, flat)
         acc, test_loss = evaluate(self.eval_model, self.job.test_data, self.job.loss_fn)
-        stats = self.shard_stats()
+        stats = self._read_server(self.shard_stats)
         self._poll_replicas()
         losses = [st.last_stats.get("loss_ema") for st in self.replicas.values() if st.last_stats]
         losses = [x for x in losses if x is not None and math.isfinite(x)]
@@ -575,9 +585,9 @@ class ParameterServerTrainer:
             wall = self.clock.elapsed()
             self._check_shards()
             final = self.evaluate_now()
-            flat = self.server_params()
-            stats = self.shard_stats()
-            self.checkpoint_shards()
+            flat = self._read_server(self.server_params)
+            stats = self._read_server(self.shard_stats)
+            self._read_server(self.checkpoint_shards)
         finally:
             for st in self.replicas.values():
                 try:

@@ -71,8 +71,14 @@ class ShardClient(ABC):
             self.handles[shard_id] = handle
             self._replaced.notify_all()
 
+    # Replicas wait for a restarted shard; the driver's own client must not, because the driver is the one that
+    # restarts shards (it would wait for itself). Its calls fail at once and the trainer restarts, then retries.
+    wait_for_replacement = True
+
     def await_replacement(self, shard_id: int, old, deadline: float):
         """Block until shard ``shard_id``'s handle is no longer ``old``; RoleFailedError at ``deadline``."""
+        if not self.wait_for_replacement:
+            raise RoleFailedError(f"parameter shard {shard_id} died")
         with self._replaced:
             while self.handles[shard_id] is old:
                 left = deadline - time.monotonic()

@@ -117,7 +117,9 @@ class InProcessRuntime(Runtime):
         return _ThreadFuture(self._pool.submit(getattr(box.obj, method), *args, **kwargs), role.name)
 
     def shard_client(self, shards, layout, replica_id: int = -1) -> ShardClient:
-        return InProcessShardClient(shards, layout, replica_id, self.remote_timeout_s)
+        client = InProcessShardClient(shards, layout, replica_id, self.remote_timeout_s)
+        client.wait_for_replacement = False  # the driver's client (see ShardClient.wait_for_replacement)
+        return client
 
     def kill(self, role: Role) -> None:
         role.handle.dead = True

@@ -238,7 +238,9 @@ class RayRuntime(Runtime):
         return _RayFuture(role.handle.call.remote(method, *args, **kwargs), role.name)
 
     def shard_client(self, shards, layout, replica_id: int = -1) -> ShardClient:
-        return RayShardClient([s.handle for s in shards], layout, replica_id, self.remote_timeout_s)
+        client = RayShardClient([s.handle for s in shards], layout, replica_id, self.remote_timeout_s)
+        client.wait_for_replacement = False  # the driver's client (see ShardClient.wait_for_replacement)
+        return client
 
     def kill(self, role: Role) -> None:
         release = getattr(role, "release", None)
