@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import platform
+import tempfile
 import time
 from pathlib import Path
 
@@ -46,7 +47,9 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/results")
     args = ap.parse_args()
     out = Path(args.out)
-    work = out / f"recovery-runs-{time.strftime('%Y%m%d-%H%M%S')}"
+    # The runs' own directories (checkpoints, logs) are scratch: only the summary JSON is kept.
+    scratch = tempfile.TemporaryDirectory(prefix="distbelief-recovery-")
+    work = Path(scratch.name)
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, logging_level="ERROR")
     rows = [
         run("undisturbed", args.seconds, args.kill_at, work),
@@ -59,6 +62,7 @@ def main() -> None:
               "rows": rows}
     path = out / f"recovery-{time.strftime('%Y-%m-%d')}.json"
     path.write_text(json.dumps(result, indent=2))
+    scratch.cleanup()
     print(f"wrote {path}")
 
 
