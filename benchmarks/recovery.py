@@ -60,6 +60,7 @@ def main() -> None:
     result = {"date": time.strftime("%Y-%m-%d"), "machine": {"cores": os.cpu_count(), "cpu": platform.processor(),
               "torch": torch.__version__, "ray": ray.__version__}, "seconds": args.seconds, "kill_at": args.kill_at,
               "rows": rows}
+    out.mkdir(parents=True, exist_ok=True)
     path = out / f"recovery-{time.strftime('%Y-%m-%d')}.json"
     path.write_text(json.dumps(result, indent=2))
     scratch.cleanup()
