@@ -119,6 +119,10 @@ def train(
     loss_fn = loss_fn or F.cross_entropy
     check_model_and_data(model_fn, train_data, loss_fn)
     n_params = sum(p.numel() for p in model_fn().parameters())
+    if cfg.init_params and not resume:  # a resumed run continues from its own checkpoints instead
+        from distbelief.warmstart import WarmStarted, load_flat_params
+
+        model_fn = WarmStarted(model_fn, load_flat_params(cfg.init_params, n_params))
     if cfg.strategy != "sgd" and cfg.shards > n_params:
         raise ConfigError("shards", f"{cfg.shards} shards for a model with only {n_params} parameters")
 

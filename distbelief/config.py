@@ -41,6 +41,7 @@ class RunConfig:
     adagrad_initial_accumulator: float = 0.0
     batch_size: int = 32
     warmstart_steps: int = 0
+    init_params: str = ""
     overlap: bool = True
     # when to stop
     max_steps: int = 0
@@ -197,6 +198,8 @@ FIELD_HELP: dict[str, str] = {
     "batch_size": "minibatch size per replica step (sandblaster: examples per L-BFGS iteration; >= the training "
                   "set = full batch)",
     "warmstart_steps": "steps one replica trains alone before the others join",
+    "init_params": "start every model from these parameters: a params.safetensors file or the run directory "
+                   "holding one (e.g. a short single-process run: the paper's shared warmstart for Fig. 4)",
     "overlap": "prefetch the next parameters while computing (one step staler, faster)",
     "max_steps": "stop after this many steps per replica (sandblaster: L-BFGS iterations) (0 = no limit)",
     "max_seconds": "stop after this many seconds of training (0 = no limit)",
