@@ -335,6 +335,9 @@ class ParameterServerTrainer:
             "staleness_max": max(s["staleness_max"] for s in stats),
             "rejected_pushes": sum(s["rejected_pushes"] for s in stats),
             "replicas_alive": sum(st.alive for st in self.replicas.values()),
+            # cumulative traffic through the shards (fetched includes this evaluation's own read)
+            "bytes_pushed": sum(s["bytes_pushed"] for s in stats),
+            "bytes_fetched": sum(s["bytes_fetched"] for s in stats),
         }
         if self.cfg.partitions > 1:
             from distbelief.partition.replica import messaging_metrics

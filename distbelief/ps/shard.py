@@ -86,6 +86,10 @@ class ParameterShard:
         self.staleness_sum = int(counters.get("staleness_sum", 0))
         self.staleness_max = int(counters.get("staleness_max", 0))
         self.staleness_count = int(counters.get("staleness_count", 0))
+        # Traffic through this shard: gradient bytes read from pushes (only our range, even when a push maps the
+        # whole vector) and parameter bytes served by fetches (the driver's evaluation reads included).
+        self.bytes_pushed = int(counters.get("bytes_pushed", 0))
+        self.bytes_fetched = int(counters.get("bytes_fetched", 0))
         self.restored_from_version = -1
         self.replayed_updates = 0
         self.corrupt_checkpoints: list[str] = []
@@ -106,7 +110,8 @@ class ParameterShard:
                 self._wal.start(self.version)
 
     # ------------------------------------------------------------------ durability
-    COUNTERS = ("version", "examples", "rejected_pushes", "staleness_sum", "staleness_max", "staleness_count")
+    COUNTERS = ("version", "examples", "rejected_pushes", "staleness_sum", "staleness_max", "staleness_count",
+                "bytes_pushed", "bytes_fetched")
 
     def checkpoint(self) -> int:
         """Write a checkpoint now (atomic, checksummed). Returns the version saved."""
@@ -239,6 +244,7 @@ class ParameterShard:
     # ------------------------------------------------------------------ Downpour
     def fetch(self, replica_id: int = -1) -> tuple[np.ndarray, int]:
         """The live parameter slice and its version. Callers in the same process must copy it."""
+        self.bytes_fetched += self._params_np.nbytes
         return self._params_np, self.version
 
     def fetch_range(self, lo: int, hi: int, replica_id: int = -1) -> tuple[int, np.ndarray, int]:
@@ -248,6 +254,7 @@ class ParameterShard:
         a, b = max(self.lo, lo), min(self.hi, hi)
         if b <= a:
             return a, self._params_np[:0], self.version
+        self.bytes_fetched += (b - a) * self._params_np.itemsize
         return a, self._params_np[a - self.lo : b - self.lo], self.version
 
     def push(self, replica_id: int, grad, offset: int, based_on_version: int, num_examples: int = 0,
@@ -270,6 +277,7 @@ class ParameterShard:
         if hi <= lo:
             return self.version
         g = g_all[lo - offset : hi - offset]
+        self.bytes_pushed += g.numel() * g.element_size()  # read even if rejected below as non-finite
         if not _all_finite(g):
             self.rejected_pushes += 1
             return self.version
@@ -295,6 +303,8 @@ class ParameterShard:
         acc, accepted = None, 0
         for grad in grads:
             g = _as_tensor(grad)[self.lo : self.hi]
+            if g.numel() == self.hi - self.lo:
+                self.bytes_pushed += g.numel() * g.element_size()
             if g.numel() != self.hi - self.lo or not _all_finite(g):
                 self.rejected_pushes += 1
                 continue
@@ -323,6 +333,8 @@ class ParameterShard:
             "staleness_sum": self.staleness_sum,
             "staleness_max": self.staleness_max,
             "staleness_count": self.staleness_count,
+            "bytes_pushed": self.bytes_pushed,
+            "bytes_fetched": self.bytes_fetched,
             "restored_from_version": self.restored_from_version,
             "replayed_updates": self.replayed_updates,
             "corrupt_checkpoints": list(self.corrupt_checkpoints),
