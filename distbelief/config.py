@@ -51,6 +51,7 @@ class RunConfig:
     # where and how to run
     seed: int = 0
     out: str = ""
+    tensorboard: bool = False
     address: str = ""
     runtime: str = "ray"
     threads: int = 0
@@ -207,6 +208,8 @@ FIELD_HELP: dict[str, str] = {
     "eval_every_seconds": "evaluate the server's parameters on the test set every T seconds",
     "seed": "random seed (model init, data order, data generation)",
     "out": "run directory (default runs/<timestamp>)",
+    "tensorboard": "also write the run's scalars (loss, accuracy, examples/s, per-shard update rate, staleness, "
+                   "bytes pushed/fetched) to RUN_DIR/tensorboard/ for TensorBoard",
     "address": "HOST:PORT of an existing Ray cluster (default: start a local Ray)",
     "runtime": "ray (one process per role) or inprocess (threads; for tests and debugging)",
     "threads": "torch threads per worker process (0 = cores / replicas)",
