@@ -1,6 +1,8 @@
-"""Run directory: resolved config, one JSON line per evaluation, a summary, a plot, final parameters.
+"""Run directory: resolved config, one JSON line per evaluation, a summary, a plot, final parameters; live
+progress on the terminal and, with ``tensorboard``, the same records as TensorBoard scalars.
 
-Nothing in a run directory is a pickle: TOML, JSON lines, JSON, PNG and safetensors only.
+Nothing in a run directory is a pickle: TOML, JSON lines, JSON, PNG, safetensors and TensorBoard event files
+only.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import math
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -52,8 +55,103 @@ class Clock:
             self._paused_at = None
 
 
+TENSORBOARD_DIR = "tensorboard"
+
+# metrics-record key -> TensorBoard tag, for the values written as they are (cumulative or instantaneous).
+_PLAIN_SCALARS = {
+    "train_loss": "train/loss",
+    "test_accuracy": "test/accuracy",
+    "test_loss": "test/loss",
+    "examples_per_s": "throughput/examples_per_s",
+    "staleness_mean": "staleness/mean",
+    "staleness_max": "staleness/max",
+    "bytes_pushed": "bytes/pushed",
+    "bytes_fetched": "bytes/fetched",
+    "rejected_pushes": "server/rejected_pushes",
+    "replicas_alive": "server/replicas_alive",
+}
+# cumulative counter -> tag of its rate between consecutive records
+_RATE_SCALARS = {"bytes_pushed": "bytes/pushed_per_s", "bytes_fetched": "bytes/fetched_per_s"}
+
+
+def _number(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return None
+    return float(v)
+
+
+def tensorboard_scalars(rec: dict[str, Any], prev: dict[str, Any]) -> dict[str, float]:
+    """The TensorBoard scalars of one metrics record, ``{tag: value}``.
+
+    Rates (``shard/<k>/updates_per_s``, ``bytes/*_per_s``) are taken against ``prev``: the previous record,
+    or ``{"wall_s": 0}`` (every counter zero) for the first record of a fresh run. Keys a strategy does not
+    record are left out, and so is a rate whose counter went down (a shard restarted from an older checkpoint, or a
+    resharded resume, starts its byte counters again) — a negative rate would be a lie, not a measurement.
+    """
+    out = {tag: x for key, tag in _PLAIN_SCALARS.items() if (x := _number(rec.get(key))) is not None}
+    dt = (_number(rec.get("wall_s")) or 0.0) - (_number(prev.get("wall_s")) or 0.0)
+    if dt <= 0:
+        return out
+
+    def rate(count: Any, count_before: Any) -> float | None:
+        a, b = _number(count), _number(0 if count_before is None else count_before)
+        if a is None or b is None or a < b:
+            return None
+        return (a - b) / dt
+
+    for key, tag in _RATE_SCALARS.items():
+        if key in rec and (r := rate(rec[key], prev.get(key))) is not None:
+            out[tag] = r
+    per_shard, before = rec.get("updates_per_shard") or [], prev.get("updates_per_shard") or []
+    if len(before) != len(per_shard):  # a fresh run, or a resume onto a different number of shards
+        before = [0] * len(per_shard)
+    for k, (u, u0) in enumerate(zip(per_shard, before)):
+        if (r := rate(u, u0)) is not None:
+            out[f"shard/{k}/updates_per_s"] = r
+    return out
+
+
+class _TensorBoardLog:
+    """Every metrics record's scalars into ``RUN_DIR/tensorboard/``, step = the record's ``updates``."""
+
+    def __init__(self, out_dir: Path, prev: dict[str, Any] | None):
+        # Imported here, not at module level: tensorboard (and protobuf) cost start-up time that runs without
+        # --tensorboard should not pay.
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.log_dir = out_dir / TENSORBOARD_DIR
+        self._writer = SummaryWriter(log_dir=str(self.log_dir))
+        self._prev = prev or {"wall_s": 0.0}
+
+    def write(self, rec: dict[str, Any]) -> None:
+        step = int(rec.get("updates") or 0)
+        for tag, value in tensorboard_scalars(rec, self._prev).items():
+            self._writer.add_scalar(tag, value, global_step=step)
+        self._writer.flush()  # someone may be watching this run live
+        self._prev = rec
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+def _last_record(path: Path) -> dict[str, Any] | None:
+    """The last record of an existing metrics.jsonl (a resumed run's rates continue from it), else None."""
+    if not path.is_file():
+        return None
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    try:
+        return json.loads(lines[-1]) if lines else None
+    except json.JSONDecodeError:  # a line cut short by a killed driver
+        return None
+
+
 class RunRecorder:
-    """Writes the run directory and prints progress. ``out_dir=None`` records in memory only."""
+    """Writes the run directory and prints progress. ``out_dir=None`` records in memory only.
+
+    Progress: a tqdm bar on a terminal, one plain line per record otherwise (both with updates, examples/s,
+    the last test accuracy, staleness and the time left against ``max_seconds``). With
+    ``config["tensorboard"]`` every record also goes to ``RUN_DIR/tensorboard/`` as TensorBoard scalars.
+    """
 
     def __init__(self, out_dir: str | Path | None, config: dict[str, Any], quiet: bool = False):
         self.out_dir = Path(out_dir) if out_dir else None
@@ -62,13 +160,20 @@ class RunRecorder:
         self.config = config
         self._bar = None
         self._bar_checked = False
+        self._tensorboard: _TensorBoardLog | None = None
         if self.out_dir is not None:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             cfg = {k: v for k, v in config.items() if v is not None}
             (self.out_dir / "config.toml").write_text(tomli_w.dumps(cfg))
+            prev = _last_record(self.out_dir / "metrics.jsonl") if config.get("tensorboard") else None
             self._metrics = open(self.out_dir / "metrics.jsonl", "a", buffering=1)
+            if config.get("tensorboard"):
+                self._tensorboard = _TensorBoardLog(self.out_dir, prev)
         else:
             self._metrics = None
+            if config.get("tensorboard"):
+                warnings.warn("tensorboard has no effect without a run directory; set out (--out DIR) to "
+                              "write TensorBoard scalars", stacklevel=2)
 
     def log(self, message: str) -> None:
         if self.quiet:
@@ -91,16 +196,20 @@ class RunRecorder:
         except OSError:
             width = 0
         sized = width > 0  # a terminal that reports no size (e.g. a bare pty) gets a fixed width
+        # n is the run's training clock (tqdm's own {elapsed} would count from the first evaluation, and its
+        # {remaining} is an estimate); the time left against max_seconds is exact and sits in the postfix.
         return tqdm(total=total, unit="s", file=sys.stderr, dynamic_ncols=sized, ncols=None if sized else 120,
                     nrows=None if sized else 24,
-                    bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f}s [{elapsed}<{remaining}] {postfix}"
-                    if total else "{desc} {n:.0f}s [{elapsed}] {postfix}")
+                    bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f}s{postfix}"
+                    if total else "{n:.0f}s (no time limit){postfix}")
 
     def record(self, rec: dict[str, Any]) -> None:
         rec = _clean(rec)
         self.records.append(rec)
         if self._metrics is not None:
             self._metrics.write(json.dumps(rec) + "\n")
+        if self._tensorboard is not None:
+            self._tensorboard.write(rec)
         if self.quiet:
             return
         acc, loss = rec.get("test_accuracy"), rec.get("train_loss")
@@ -112,6 +221,8 @@ class RunRecorder:
                     "acc": "-" if acc is None else f"{acc:.4f}"}
             if rec.get("staleness_mean") is not None:
                 post["staleness"] = f"{rec['staleness_mean']:.2f}"
+            if self._bar.total:
+                post["left"] = f"{max(0.0, self._bar.total - rec['wall_s']):.0f}s"
             self._bar.set_postfix(post, refresh=False)
             total = self._bar.total
             self._bar.update(max(0.0, min(rec["wall_s"], total or rec["wall_s"]) - self._bar.n))
@@ -137,6 +248,9 @@ class RunRecorder:
     def finish(self, summary: dict[str, Any], flat_params=None, param_names=None) -> None:
         summary = _clean(summary)
         self.close_progress()
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+            self._tensorboard = None
         if self.out_dir is None:
             return
         if self._metrics is not None:

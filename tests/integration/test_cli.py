@@ -1,6 +1,7 @@
 """The command line: validation before any worker starts, end-to-end train, plot."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -112,8 +113,80 @@ def test_progress_bar_on_a_terminal_plain_lines_without(tmp_path):
     os.close(master)
     screen = b"".join(chunks).decode(errors="replace")
     assert proc.returncode == 0
-    assert "updates=" in screen and "acc=" in screen and "ex/s=" in screen  # the tqdm bar's fields
+    # the bar's fields: updates, examples/s, last test accuracy, staleness, time left against --max-seconds
+    for field in ("updates=", "ex/s=", "acc=0.", "staleness=", "left="):
+        assert field in screen, field
     assert "|" in screen and "/4s" in screen  # a bar against --max-seconds
-    # Without a terminal: plain, periodic lines with the time left.
+    # Without a terminal: plain, periodic lines with the same pieces.
     r = subprocess.run(cmd[:-1] + [str(tmp_path / "plain")], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0 and "test acc" in r.stderr and "time left" in r.stderr and "updates=" not in r.stderr
+    assert r.returncode == 0 and "updates=" not in r.stderr
+    lines = [x for x in r.stderr.splitlines() if re.match(r"\[\s*[\d.]+s\] ", x)]  # "[    2.0s] updates ..."
+    assert len(lines) >= 2  # periodic
+    for piece in ("updates ", "/s)", "test acc 0.", "staleness ", "time left "):
+        assert all(piece in x for x in lines), piece
+
+
+RECORDS = [{"wall_s": 2.0 * i, "updates": 100 * i, "examples": 640 * i, "examples_per_s": 320.0,
+            "train_loss": 0.5, "test_accuracy": 0.5 + i / 10, "staleness_mean": 1.25} for i in (1, 2, 3)]
+
+
+def _record_all(max_seconds: float) -> None:
+    from distbelief.metrics import RunRecorder
+
+    rec = RunRecorder(None, {"max_seconds": max_seconds})
+    for r in RECORDS:
+        rec.record(r)
+    rec.finish({})
+
+
+def _drain(master: int) -> str:
+    """Everything written to a pty whose other end is closed (the kernel may hand it over in pieces)."""
+    import os
+    import select
+
+    chunks = []
+    while select.select([master], [], [], 10)[0]:
+        try:
+            data = os.read(master, 4096)
+        except OSError:  # EIO: the other end is closed and all was read
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def test_progress_pieces_with_and_without_a_time_limit_on_a_pty(monkeypatch):
+    """The bar itself, in this process: time left against max_seconds, or 'no time limit' without one."""
+    import os
+    import pty
+
+    import fcntl
+    import struct
+    import termios
+
+    screens = {}
+    for max_s in (10.0, 0.0):
+        master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 160, 0, 0))
+        with os.fdopen(slave, "w") as tty:
+            monkeypatch.setattr(sys, "stderr", tty)
+            _record_all(max_s)
+        screens[max_s] = _drain(master)
+    with_limit, without = screens[10.0], screens[0.0]
+    for field in ("updates=300", "ex/s=320", "acc=0.8000", "staleness=1.25"):
+        assert field in with_limit and field in without, field
+    assert "6/10s" in with_limit and "left=4s" in with_limit
+    assert "no time limit" in without and "left=" not in without
+
+
+def test_plain_lines_with_and_without_a_time_limit(capsys):
+    _record_all(10.0)
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 3 and [x.split("time left ")[1] for x in lines] == ["8s", "6s", "4s"]
+    assert "updates      300" in lines[-1] and "(320/s)" in lines[-1] and "test acc 0.8000" in lines[-1]
+    assert "staleness 1.25" in lines[-1]
+    _record_all(0.0)  # no time budget: the run stops on steps or accuracy, so no time left is claimed
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 3 and not any("time left" in x for x in lines) and "test acc 0.8000" in lines[-1]
