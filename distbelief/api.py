@@ -129,10 +129,8 @@ def train(
     from distbelief.downpour.trainer import Job, ParameterServerTrainer
 
     if resume and cfg.strategy == "sgd":
-        raise ConfigError("resume", "single-process sgd runs keep no checkpoints; resume a downpour or sync run")
-    if resume and cfg.strategy == "sandblaster":
-        raise ConfigError("resume", "sandblaster runs cannot be resumed yet (their per-iteration checkpoints "
-                                    "serve shard restarts within a run); resume a downpour or sync run")
+        raise ConfigError("resume", "single-process sgd runs keep no checkpoints; resume a downpour, sync or "
+                                    "sandblaster run")
     if resume and not (cfg.out and (Path(cfg.out) / "checkpoints").is_dir()):
         raise ConfigError("resume", f"{cfg.out or '(no run directory)'} has no checkpoints/ to resume from")
     job = Job(cfg, model_fn, train_data, test_data, loss_fn, _resolve_threads(cfg))
@@ -163,7 +161,7 @@ def train(
             if cfg.strategy == "sandblaster":
                 from distbelief.sandblaster.trainer import SandblasterTrainer
 
-                trainer = SandblasterTrainer(job, runtime, recorder)
+                trainer = SandblasterTrainer(job, runtime, recorder, resume=resume)
             else:
                 trainer = ParameterServerTrainer(job, runtime, recorder, resume=resume, callbacks=callbacks)
             summary = trainer.run()

@@ -33,6 +33,11 @@ from distbelief.sandblaster.portions import PortionQueue
 X, D, GRADS = "x", "d", ("g0", "g1")
 
 
+def _encode_float(v: float) -> float | str:
+    """Strict JSON has no NaN/Inf (the loss is NaN before the first evaluation): those become strings."""
+    return v if math.isfinite(v) else str(v)
+
+
 @dataclass(frozen=True)
 class CoordinatorSettings:
     """How the coordinator runs (see docs/sandblaster.md).
@@ -49,8 +54,9 @@ class CoordinatorSettings:
         seed: seeds the batch order (full batch ignores it).
         remote_timeout_s: the longest any call may take; a replica over it is treated as dead.
         poll_s: how long one wait for results may block before the loop looks at timeouts and hooks.
-        checkpoint_dir: where every shard saves all its vectors at the start of each iteration; a shard that dies
-            is restarted from there and the iteration is redone. Empty: no checkpoints (a dead shard ends the run).
+        checkpoint_dir: where every shard saves all its vectors at each iteration boundary (before an iteration
+            unless nothing changed since the last checkpoint; ``checkpoint()`` after one); a shard that dies is
+            restarted from there and the iteration is redone. Empty: no checkpoints (a dead shard ends the run).
         max_shard_restarts: how often one shard may be restarted in a run.
     """
 
@@ -100,6 +106,15 @@ class _Push:
     started_s: float
 
 
+@dataclass(frozen=True)
+class _Checkpoint:
+    """The last iteration checkpoint every shard acknowledged, and our scalars at that point."""
+
+    tag: int
+    scalars: dict  # deep copies of Coordinator._SCALARS, for an in-run rollback
+    state: dict  # export_state() at that point: JSON-able, for a resume in another process
+
+
 class _ShardFailed(RoleFailedError):
     """Parameter shard ``shard_id`` died during an iteration (internal: triggers a rollback)."""
 
@@ -133,6 +148,9 @@ class Coordinator:
         on_poll: called on every turn of the portion loop (fault injection, tests).
         shard_replaced: called with ``(shard_id, new_role)`` after a dead shard was restarted (the coordinator
             itself updates ``shards`` in place and its replicas' clients; the caller updates its own clients).
+        persist: called with ``(tag, state)`` once every shard has written iteration checkpoint ``tag``; ``state``
+            (``export_state()``, JSON-able) is what, with those vector checkpoints, continues the run elsewhere
+            (the trainer writes it next to them, see ``sandblaster.state``).
     """
 
     def __init__(self, runtime: Runtime, shards: list[Role], replicas: dict[int, Role],
@@ -140,7 +158,8 @@ class Coordinator:
                  restart: Callable[[int, Exception], Role | None] | None = None,
                  log: Callable[[str], None] | None = None,
                  on_poll: Callable[["Coordinator"], None] | None = None,
-                 shard_replaced: Callable[[int, Role], None] | None = None):
+                 shard_replaced: Callable[[int, Role], None] | None = None,
+                 persist: Callable[[int, dict], None] | None = None):
         if not replicas:
             raise ValueError("the coordinator needs at least one replica")
         self.runtime, self.shards, self.settings = runtime, shards, settings
@@ -149,6 +168,7 @@ class Coordinator:
         self.log = log or (lambda msg: None)
         self.on_poll = on_poll
         self.shard_replaced = shard_replaced
+        self.persist = persist
         self.timeout_s = settings.remote_timeout_s
         m = settings.lbfgs.history
         # m + 1 slots: the new pair is written into a free slot, so a pair that fails the curvature test never
@@ -180,8 +200,10 @@ class Coordinator:
         self.iterations_redone = 0
         self.shard_recovery_s: list[float] = []
         self._restarts_by_shard: dict[int, int] = {}
-        self._ckpt_tag = -1
-        self._snapshot: dict | None = None
+        # One attribute, assigned in one statement: a Ctrl-C can never leave the tag and the scalars disagreeing.
+        self._ckpt: _Checkpoint | None = None
+        self._next_tag = 0
+        self._checkpointed = False  # nothing changed on the shards or here since self._ckpt was taken
         self._pushes: list[_Push] = []
 
     # ------------------------------------------------------------------ shard programs
@@ -215,12 +237,14 @@ class Coordinator:
     # ------------------------------------------------------------------ L-BFGS
     def start(self) -> None:
         """Remember the shards' current parameters as the starting point ``x``."""
+        self._checkpointed = False
         self._program([("copy", PARAMS, X)])
         self._started = True
 
     def evaluate_gradient(self, into: str) -> float:
         """Mean loss at the shards' current ``params`` on the current batch; its gradient is left in the shard
         vector ``into`` (zeroed first). One pass of the portion queue; used by ``step`` and by tests."""
+        self._checkpointed = False
         self._program([("zero", into)])
         return self._evaluate(into)
 
@@ -237,25 +261,56 @@ class Coordinator:
     def step(self) -> StepResult:
         """One L-BFGS iteration: direction by the two-loop recursion, then a backtracking Armijo line search.
 
-        With ``checkpoint_dir``, every shard first saves all its vectors (a consistent point); if a shard dies
-        during the iteration it is restarted from that checkpoint, every shard and the coordinator roll back to
-        it, and the iteration is done again — the result is the same as without the failure.
+        With ``checkpoint_dir``, every shard first saves all its vectors (a consistent point) unless nothing
+        changed since the last checkpoint; if a shard dies during the iteration it is restarted from that
+        checkpoint, every shard and the coordinator roll back to it, and the iteration is done again — the result
+        is the same as without the failure.
         """
-        failed: _ShardFailed | None = None
         goal = self.iterations + 1
+        while True:
+            result = self._recovering(self._checkpoint_then_step)
+            if result.accepted and not result.stopped and self.iterations < goal:
+                continue  # that was an earlier iteration, redone after a rollback: now do this one
+            return result
+
+    def checkpoint(self) -> int | None:
+        """Write an iteration checkpoint now, unless nothing changed since the last one. The trainer calls this
+        after every step, so that a finished iteration is on disk before it is evaluated (a driver killed later
+        loses nothing it reported). Returns the tag of the last checkpoint (None without ``checkpoint_dir``).
+
+        If a shard dies while checkpointing, everything rolls back to the previous checkpoint (the iteration just
+        done is then done again by the next ``step``).
+        """
+        if not self.settings.checkpoint_dir:
+            return None
+        self._recovering(self._checkpoint_if_needed)
+        return self._ckpt.tag
+
+    @property
+    def last_checkpoint(self) -> tuple[int, dict] | None:
+        """``(tag, export_state() at that checkpoint)`` of the last iteration checkpoint, or None."""
+        ck = self._ckpt
+        return None if ck is None else (ck.tag, ck.state)
+
+    def _checkpoint_if_needed(self) -> None:
+        if self.settings.checkpoint_dir and not self._checkpointed:
+            self._save_checkpoint()
+
+    def _checkpoint_then_step(self) -> StepResult:
+        self._checkpoint_if_needed()
+        return self._step()
+
+    def _recovering(self, fn: Callable[[], object]):
+        """``fn()``; if a shard dies meanwhile, restart it, roll back to the last checkpoint and call ``fn`` again."""
+        failed: _ShardFailed | None = None
         while True:
             try:
                 if failed is not None:
                     self._recover(failed)
                     failed = None
-                if self.settings.checkpoint_dir:
-                    self._save_checkpoint()
-                result = self._step()
-                if result.accepted and not result.stopped and self.iterations < goal:
-                    continue  # that was an earlier iteration, redone after a rollback: now do this one
-                return result
+                return fn()
             except _ShardFailed as e:
-                if not self.settings.checkpoint_dir or self._ckpt_tag < 0:
+                if not self.settings.checkpoint_dir or self._ckpt is None:
                     raise RoleFailedError(f"{e}. Sandblaster keeps its history on the shards and cannot continue "
                                           f"without iteration checkpoints (checkpoint_dir)") from e
                 n = self._restarts_by_shard.get(e.shard_id, 0)
@@ -267,17 +322,107 @@ class Coordinator:
     # ------------------------------------------------------------------ shard failures
     _SCALARS = ("pairs", "_free", "gram", "g", "g_next", "f", "batch_id", "_need_eval", "iterations", "_started")
 
+    _COUNTERS = ("gradient_evals", "line_search_evals", "portions_done", "portions_duplicated", "backups_issued",
+                 "portions_requeued", "replica_failures", "examples", "shard_restarts", "iterations_redone")
+
     def _save_checkpoint(self) -> None:
-        """Every shard saves all its vectors as checkpoint ``tag``; once all have, remember our scalars."""
-        tag = self._ckpt_tag + 1
+        """Every shard saves all its vectors as checkpoint ``tag``; once all have, remember our scalars (and hand
+        them to ``persist``). A tag is reused only when its save failed, so no state ever names a rewritten one."""
+        tag = self._next_tag
         futs = [self.runtime.call(s, "checkpoint_vectors", self.settings.checkpoint_dir, tag) for s in self.shards]
         for k, f in enumerate(futs):
             try:
                 f.result(self.timeout_s)
             except RoleFailedError as e:
                 raise _ShardFailed(k, f"parameter shard {k} failed while checkpointing: {e}") from e
-        self._ckpt_tag = tag
-        self._snapshot = {name: copy.deepcopy(getattr(self, name)) for name in self._SCALARS}
+        scalars = {name: copy.deepcopy(getattr(self, name)) for name in self._SCALARS}
+        self._ckpt = _Checkpoint(tag, scalars, self.export_state())
+        self._next_tag = tag + 1
+        self._checkpointed = True
+        if self.persist is not None:
+            self.persist(tag, self._ckpt.state)
+
+    def export_state(self) -> dict:
+        """Our scalars and counters as JSON-able values. With the shards' vectors of the same moment they are the
+        whole optimizer: ``restore_state`` continues from them exactly (the same steps as without the break)."""
+        return {
+            "pairs": [list(p) for p in self.pairs],  # live (s, y) ring slots, oldest first
+            "free": [list(p) for p in self._free],  # the other slots, in the order they will be used
+            "gram": [[a, b, _encode_float(v)] for a, b, v in self.gram.entries()],
+            "g": self.g, "g_next": self.g_next, "f": _encode_float(self.f), "batch_id": self.batch_id,
+            "need_eval": self._need_eval, "iterations": self.iterations, "started": self._started,
+            "counters": {name: getattr(self, name) for name in self._COUNTERS},
+            "portions_by_replica": {str(rid): n for rid, n in sorted(self.portions_by_replica.items())},
+            "shard_recovery_s": list(self.shard_recovery_s),
+        }
+
+    def restore_state(self, state: dict, next_tag: int) -> None:
+        """Continue from ``state`` (``export_state()`` of an earlier run) whose vectors the shards already hold —
+        possibly resliced over a different number of shards. Iteration checkpoints continue at ``next_tag``
+        (above every tag on disk); until the first is written there is nothing to roll back to."""
+        ring = {(f"s{i}", f"y{i}") for i in range(self.settings.lbfgs.history + 1)}
+        pairs = [tuple(p) for p in state["pairs"]]
+        free = [tuple(p) for p in state["free"]]
+        if set(pairs) | set(free) != ring or len(pairs) + len(free) != len(ring):
+            raise ValueError(f"the saved L-BFGS ring {sorted(set(pairs) | set(free))} does not match history = "
+                             f"{self.settings.lbfgs.history} ({len(ring)} slots)")
+        self.pairs, self._free = pairs, free
+        self.gram = Gram.from_entries((a, b, float(v)) for a, b, v in state["gram"])
+        self.g, self.g_next, self.f = state["g"], state["g_next"], float(state["f"])
+        self.batch_id, self._need_eval = int(state["batch_id"]), bool(state["need_eval"])
+        self.iterations, self._started = int(state["iterations"]), bool(state["started"])
+        for name in self._COUNTERS:
+            setattr(self, name, int(state["counters"][name]))
+        for rid, n in state["portions_by_replica"].items():
+            self.portions_by_replica[int(rid)] = int(n)
+        self.shard_recovery_s = [float(x) for x in state["shard_recovery_s"]]
+        self._grad_target = self.g
+        self._ckpt, self._next_tag, self._checkpointed = None, next_tag, False
+
+    def abandon_iteration(self) -> bool:
+        """Give up the iteration in progress (Ctrl-C, SIGTERM). Waits for the gradient pushes in flight (nothing
+        may reach a shard afterwards), then puts every shard and our scalars back at the last iteration
+        checkpoint: the shards' ``params`` are then an accepted point, the one the checkpoint on disk describes.
+        Without checkpoints ``params`` go back to the accepted point ``x``. Portions still being computed are left
+        to finish (their results are stale). Returns True if a partial iteration was dropped.
+        """
+        deadline = time.monotonic() + self.timeout_s
+        # Pushes in flight write the shards; takes are the pushes' sources (never forwarded now, but a later
+        # step must not find one outstanding). Computes only read the shards.
+        takes = [s.future for s in self.slots.values() if s.future is not None and s.kind == "take"]
+        pending = takes + [f for p in self._pushes for f in p.futures]
+        while pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RemoteTimeoutError(f"gradient pushes still in flight after {self.timeout_s:.0f}s "
+                                         f"(remote_timeout_s); the shards' state is unknown, resume from the last "
+                                         f"iteration checkpoint on disk")
+            self.runtime.wait_any(pending, min(left, self.settings.poll_s))
+            pending = [f for f in pending if not f.done()]
+        for slot in self.slots.values():
+            if slot.kind == "take":
+                slot.future, slot.claim = None, []
+        self._pushes, self.queue = [], None
+        if self._checkpointed:
+            return False
+        if self._ckpt is not None:
+            self._rollback()
+        elif self._started:
+            self._program([("copy", X, PARAMS)])
+        return True
+
+    def _rollback(self) -> None:
+        """Every shard's vectors and our scalars back to the last iteration checkpoint."""
+        ck = self._ckpt
+        futs = [self.runtime.call(s, "load_vectors", self.settings.checkpoint_dir, ck.tag) for s in self.shards]
+        for k, f in enumerate(futs):
+            try:
+                f.result(self.timeout_s)
+            except RoleFailedError as e:
+                raise _ShardFailed(k, f"parameter shard {k} failed while rolling back: {e}") from e
+        for name, value in ck.scalars.items():
+            setattr(self, name, copy.deepcopy(value))
+        self._checkpointed = True
 
     def _dead_shards(self) -> list[int]:
         futs = [self.runtime.call(s, "stats") for s in self.shards]
@@ -293,7 +438,7 @@ class Coordinator:
         """Restart the dead shard(s) from the last iteration checkpoint, drop the partial iteration, and roll every
         shard and our own scalars back to that checkpoint."""
         t0 = time.monotonic()
-        root, tag = self.settings.checkpoint_dir, self._ckpt_tag
+        root, tag = self.settings.checkpoint_dir, self._ckpt.tag
         dead = sorted({err.shard_id, *self._dead_shards()})
         self.log(f"parameter shard(s) {dead} died ({err}); restarting from iteration checkpoint {tag} and redoing "
                  f"the iteration")
@@ -338,19 +483,13 @@ class Coordinator:
                     pass
         self._pushes = []
         self.queue = None
-        futs = [self.runtime.call(s, "load_vectors", root, tag) for s in self.shards]
-        for k, f in enumerate(futs):
-            try:
-                f.result(self.timeout_s)
-            except RoleFailedError as e:
-                raise _ShardFailed(k, f"parameter shard {k} failed while rolling back: {e}") from e
-        for name, value in self._snapshot.items():
-            setattr(self, name, copy.deepcopy(value))
+        self._rollback()
         self.iterations_redone += 1
         self.shard_recovery_s.append(time.monotonic() - t0)
         self.log(f"shard(s) {dead} restored from iteration checkpoint {tag} in {self.shard_recovery_s[-1]:.2f}s")
 
     def _step(self) -> StepResult:
+        self._checkpointed = False
         if not self._started:
             self.start()
         lb = self.settings.lbfgs

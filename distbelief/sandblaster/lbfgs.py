@@ -72,6 +72,17 @@ class Gram:
     def clear(self) -> None:
         self._v.clear()
 
+    def entries(self) -> list[tuple[str, str, float]]:
+        """Every stored inner product as ``(a, b, value)`` (for the coordinator's durable state)."""
+        return [(a, b, v) for (a, b), v in sorted(self._v.items())]
+
+    @classmethod
+    def from_entries(cls, entries) -> "Gram":
+        gram = cls()
+        for a, b, v in entries:
+            gram.set(a, b, v)
+        return gram
+
 
 def two_loop_coefficients(pairs: list[tuple[str, str]], g: str, dot: Callable[[str, str], float]) -> dict[str, float]:
     """Coefficients ``c`` with ``d = sum_l c[l] * b_l = -H g`` (the L-BFGS direction).

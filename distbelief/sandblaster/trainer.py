@@ -2,10 +2,16 @@
 
 Same run directory and summary fields as the Downpour trainer, plus Sandblaster's own counters
 (``iterations``, ``portions_done``, ``portions_duplicated``, ``line_search_evals``, ...).
+
+Durability: after every iteration the shards checkpoint all their vectors and the trainer writes the
+coordinator's and its own scalars next to them (``sandblaster.state``). Ctrl-C / SIGTERM drops the iteration in
+progress, rolls back to that checkpoint and stops with it on disk; ``resume=True`` continues from the newest
+consistent pair, with any number of shards, taking the same steps as an uninterrupted run.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import tempfile
 import time
@@ -16,6 +22,7 @@ import torch
 
 from distbelief.downpour.trainer import Job, materialize
 from distbelief.evaluation import evaluate
+from distbelief.exceptions import ConfigError
 from distbelief.metrics import Clock, RunRecorder
 from distbelief.policies import Decision, RestartPolicy
 from distbelief.ps.shard import ParameterShard
@@ -24,6 +31,7 @@ from distbelief.runtime.base import Role, Runtime, ShardClient
 from distbelief.sandblaster.coordinator import Coordinator, CoordinatorSettings
 from distbelief.sandblaster.lbfgs import LBFGSSettings
 from distbelief.sandblaster.replica import SandblasterReplicaRecipe, SandblasterReplicaSettings
+from distbelief.sandblaster.state import ResumePoint, find_resume_point, resliced_shard, tidy, write_state
 
 
 def start_vector_shards(runtime: Runtime, init: torch.Tensor, num_shards: int) -> tuple[ShardLayout, list[Role]]:
@@ -36,6 +44,29 @@ def start_vector_shards(runtime: Runtime, init: torch.Tensor, num_shards: int) -
         lo, hi = layout.range(k)
         shards.append(runtime.create_shard(k, partial(ParameterShard, k, lo, hi, init[lo:hi].numpy(), None, total)))
     return layout, shards
+
+
+def start_resumed_shards(runtime: Runtime, point: ResumePoint, ckpt_root: str, total: int,
+                         num_shards: int) -> tuple[ShardLayout, list[Role]]:
+    """Place ``num_shards`` shards holding every named vector of ``point``'s iteration checkpoint, resliced from
+    however many shards wrote it; each shard reads its part of the files where it lives."""
+    layout = ShardLayout.balanced(total, num_shards)
+    old = [tuple(r) for r in point.state["shards"]]
+    shards = [runtime.create_shard(k, partial(resliced_shard, ckpt_root, point.tag, old, k, *layout.range(k), total))
+              for k in range(num_shards)]
+    return layout, shards
+
+
+def _last_recorded_wall(run_dir: str) -> float:
+    """The training clock of the last metrics record (0 without one; a torn last line is skipped)."""
+    p = Path(run_dir) / "metrics.jsonl"
+    walls = []
+    for line in p.read_text().splitlines() if p.is_file() else []:
+        try:
+            walls.append(float(json.loads(line)["wall_s"]))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return max(walls, default=0.0)
 
 
 def read_params(client: ShardClient, total: int, timeout_s: float) -> torch.Tensor:
@@ -51,7 +82,7 @@ def read_params(client: ShardClient, total: int, timeout_s: float) -> torch.Tens
 class SandblasterTrainer:
     """Runs ``strategy = "sandblaster"`` over a Runtime. One instance per run."""
 
-    def __init__(self, job: Job, runtime: Runtime, recorder: RunRecorder):
+    def __init__(self, job: Job, runtime: Runtime, recorder: RunRecorder, resume: bool = False):
         self.job, self.runtime, self.rec = job, runtime, recorder
         cfg = self.cfg = job.cfg
         self.timeout_s = cfg.remote_timeout_s
@@ -60,20 +91,30 @@ class SandblasterTrainer:
         self.eval_model = job.model_fn()
         init = flatten(self.eval_model)
         self.total = init.numel()
-        self.layout, self.shards = start_vector_shards(runtime, init, cfg.shards)
-        self.client = runtime.shard_client(self.shards, self.layout)
         self.num_examples = len(materialize(job.train_data))
+        self.checkpoint_dir = self._checkpoint_dir()
+        # A run that is resumed continues from its newest consistent (state, vector checkpoints) pair; every
+        # problem with it is a ConfigError here, before any role starts.
+        self.resume_point = self._find_resume_point() if resume else None
+        prev = self.resume_point.state["trainer"] if self.resume_point else {}
+        if self.resume_point:
+            self.layout, self.shards = start_resumed_shards(runtime, self.resume_point, self.checkpoint_dir,
+                                                            self.total, cfg.shards)
+        else:
+            self.layout, self.shards = start_vector_shards(runtime, init, cfg.shards)
+        self.client = runtime.shard_client(self.shards, self.layout)
         self.coord: Coordinator | None = None
         self.clock: Clock | None = None
-        self.best_acc = -1.0
-        self.time_to_target: float | None = None
+        self.best_acc = prev.get("best_acc", -1.0)
+        # time to target counts only for the target it was measured against
+        same_target = prev.get("target_accuracy") == cfg.target_accuracy
+        self.time_to_target: float | None = prev.get("time_to_target") if same_target else None
         self.stop_reason = ""
         self.restarts: dict[int, int] = {}
-        self.replica_restarts = 0
-        self.replicas_lost = 0
-        self._killed_once = False
-        self._shard_killed_once = False
-        self.checkpoint_dir = self._checkpoint_dir()
+        self.replica_restarts = prev.get("replica_restarts", 0)
+        self.replicas_lost = prev.get("replicas_lost", 0)
+        self._killed_once = resume  # fault injection fires once per run, not again after a resume
+        self._shard_killed_once = resume
 
     def _checkpoint_dir(self) -> str:
         """Where shards save their vectors every iteration (on whenever Downpour's shard durability would be)."""
@@ -86,6 +127,52 @@ class SandblasterTrainer:
             self._tmp = tempfile.TemporaryDirectory(prefix="distbelief-ckpt-")
             root = Path(self._tmp.name)
         return str(root.resolve())
+
+    def _find_resume_point(self) -> ResumePoint:
+        cfg = self.cfg
+        if not self.checkpoint_dir:
+            raise ConfigError("resume", "sandblaster writes iteration checkpoints only with shard durability on "
+                                        "(checkpoint_every_seconds, checkpoint_every_updates or wal); all are off")
+        point = find_resume_point(self.checkpoint_dir, self.total)
+        st = point.state
+        if st["history"] != cfg.history:
+            raise ConfigError("history", f"{point.path}: the run keeps {st['history']} L-BFGS pairs on its shards; "
+                                         f"resume with history = {st['history']}")
+        for msg in point.skipped:
+            self.rec.log(f"resume: skipped a damaged or incomplete iteration checkpoint: {msg}")
+        if point.skipped:
+            self.rec.log(f"resume: using the previous consistent one ({point.path.name})")
+        batch = min(cfg.batch_size, self.num_examples)
+        if (st["batch_size"], st["num_examples"], st["seed"]) != (batch, self.num_examples, cfg.seed):
+            self.rec.log(f"resume: the run used batches of {st['batch_size']} of {st['num_examples']} examples "
+                         f"(seed {st['seed']}), this one {batch} of {self.num_examples} (seed {cfg.seed}): it "
+                         f"continues, but no longer as the uninterrupted run would")
+        old_k = len(st["shards"])
+        self.rec.log(f"resuming from {cfg.out}: iteration {st['coordinator']['iterations']} (iteration checkpoint "
+                     f"{point.tag}, {old_k} shards" + (f", resharded to {cfg.shards}" if old_k != cfg.shards else "")
+                     + f"); training time so far {st['trainer']['wall_s']:.1f}s")
+        return point
+
+    def _persist(self, tag: int, coord_state: dict) -> None:
+        """Every shard wrote iteration checkpoint ``tag``: write its state file now (before anything else)."""
+        self._write_state()
+
+    def _write_state(self) -> None:
+        """Write the last iteration checkpoint's state file (the coordinator's scalars at that checkpoint, the
+        trainer's numbers now). Only in a run directory: that is where a resume looks."""
+        last = self.coord.last_checkpoint if self.coord is not None else None
+        if not (self.cfg.out and last):
+            return
+        tag, coord_state = last
+        cfg = self.cfg
+        write_state(self.checkpoint_dir, tag, {
+            "tag": tag, "total": self.total, "shards": [list(self.layout.range(k)) for k in range(cfg.shards)],
+            "history": cfg.history, "batch_size": min(cfg.batch_size, self.num_examples),
+            "num_examples": self.num_examples, "seed": cfg.seed, "coordinator": coord_state,
+            "trainer": {"wall_s": self.clock.elapsed(), "best_acc": self.best_acc,
+                        "time_to_target": self.time_to_target, "target_accuracy": cfg.target_accuracy,
+                        "replica_restarts": self.replica_restarts, "replicas_lost": self.replicas_lost},
+        })
 
     def _shard_replaced(self, k: int, role: Role) -> None:
         self.client.replace_shard(k, role.handle)  # self.shards is the coordinator's list, already updated
@@ -190,35 +277,42 @@ class SandblasterTrainer:
                      f"{cfg.portion_size}, history {cfg.history}, backup tasks {'on' if cfg.backup_tasks else 'off'}")
         replicas: dict[int, Role] = {}
         try:
-            replicas = self._start_replicas(list(range(cfg.replicas)))
-            self.coord = coord = Coordinator(self.runtime, self.shards, replicas, self._coordinator_settings(),
-                                             restart=self._restart, log=self.rec.log, on_poll=self._inject_fault,
-                                             shard_replaced=self._shard_replaced)
-            self.clock = Clock()
-            next_eval = cfg.eval_every_seconds
-            while True:
-                if cfg.max_steps and coord.iterations >= cfg.max_steps:
-                    self.stop_reason = "step limit reached"
-                    break
-                result = coord.step()
-                if result.stopped:
-                    self.stop_reason = result.stopped
-                    break
-                if self.clock.elapsed() >= next_eval:
-                    self.clock.pause()  # L-BFGS waits while we evaluate: don't count it as training time
-                    self.evaluate_now()
-                    self.clock.resume()
-                    next_eval = self.clock.elapsed() + cfg.eval_every_seconds
-                if self.time_to_target is not None:
-                    self.stop_reason = "target accuracy reached"
-                    break
-                if cfg.max_seconds and self.clock.elapsed() >= cfg.max_seconds:
-                    self.stop_reason = "time budget spent"
-                    break
+            try:
+                replicas = self._start_replicas(list(range(cfg.replicas)))
+                self.coord = Coordinator(self.runtime, self.shards, replicas, self._coordinator_settings(),
+                                         restart=self._restart, log=self.rec.log, on_poll=self._inject_fault,
+                                         shard_replaced=self._shard_replaced,
+                                         persist=self._persist)
+                prev_wall = 0.0
+                if self.resume_point is not None:
+                    self.coord.restore_state(self.resume_point.state["coordinator"], self.resume_point.next_tag)
+                    # The clock goes on from where the run stood; never behind a metrics record already written
+                    # (after a fallback to an older checkpoint, the time since was spent all the same).
+                    prev_wall = max(self.resume_point.state["trainer"]["wall_s"], _last_recorded_wall(cfg.out))
+                self.clock = Clock(offset_s=prev_wall)
+                # The first consistent pair (after a resume: in the new shard layout, so the old files can go).
+                self.coord.checkpoint()
+                if self.resume_point is not None:
+                    tidy(self.checkpoint_dir)
+                self._iterate(self.coord)
+            except KeyboardInterrupt:
+                # Ctrl-C / SIGTERM: drop the iteration in progress, so that the shards hold exactly the last
+                # iteration checkpoint, then fall through to the final evaluation and state file.
+                if self.coord is None or self.clock is None:
+                    raise
+                self.stop_reason = "interrupted"
+                self.rec.log("interrupted: dropping the iteration in progress and writing a final checkpoint "
+                             f"(resume with: distbelief train --resume {cfg.out or 'RUN_DIR'})")
+                if self.coord.abandon_iteration():
+                    self.rec.log(f"the run stands at iteration {self.coord.iterations}, its last checkpoint")
+            coord = self.coord
             wall = self.clock.elapsed()
             final = self.evaluate_now()
             flat = self.server_params()
             steps = self._replica_portions()
+            self._write_state()  # the final numbers (best accuracy, clock) with the last checkpoint
+            if self.resume_point is not None and self.stop_reason != "interrupted":
+                tidy(self.checkpoint_dir)  # no write in flight now; a reshard to fewer shards left old files
         finally:
             roles = [s.role for s in self.coord.slots.values()] if self.coord else list(replicas.values())
             for role in roles:
@@ -271,6 +365,34 @@ class SandblasterTrainer:
         }
         self.final_flat = flat
         return summary
+
+    def _iterate(self, coord: Coordinator) -> None:
+        """L-BFGS iterations until a stop condition; each finished iteration is checkpointed before anything else.
+
+        The stop conditions are checked before each step, so a resumed run that already met one takes no step."""
+        cfg = self.cfg
+        next_eval = self.clock.elapsed() + cfg.eval_every_seconds
+        while True:
+            if cfg.max_steps and coord.iterations >= cfg.max_steps:  # counts iterations across resumes
+                self.stop_reason = "step limit reached"
+                return
+            if self.time_to_target is not None:
+                self.stop_reason = "target accuracy reached"
+                return
+            if cfg.max_seconds and self.clock.elapsed() >= cfg.max_seconds:
+                self.stop_reason = "time budget spent"
+                return
+            result = coord.step()
+            coord.checkpoint()
+            if result.stopped:
+                self.stop_reason = result.stopped
+                return
+            if self.clock.elapsed() >= next_eval:
+                self.clock.pause()  # L-BFGS waits while we evaluate: don't count it as training time
+                self.evaluate_now()
+                self._write_state()  # the best accuracy so far, with the checkpoint just written
+                self.clock.resume()
+                next_eval = self.clock.elapsed() + cfg.eval_every_seconds
 
     def _replica_portions(self) -> list[int]:
         """Portions each replica id computed (duplicates included; restarts add up)."""
