@@ -7,7 +7,7 @@ import math
 import torch
 
 from distbelief.data.batches import BatchSource
-from distbelief.evaluation import evaluate
+from distbelief.evaluation import evaluate_job
 from distbelief.metrics import Clock, RunRecorder
 from distbelief.ps.sharding import flatten
 
@@ -41,12 +41,13 @@ def run_single_process(job, recorder: RunRecorder) -> tuple[dict, torch.Tensor]:
         nonlocal best, time_to_target
         clock.pause()  # evaluation is not training time
         wall = clock.elapsed()
-        acc, test_loss = evaluate(model, job.test_data, job.loss_fn)
+        acc, test_loss, train_acc = evaluate_job(model, job)
         recorder.record({
             "wall_s": round(wall, 3), "updates": step, "updates_per_shard": [step], "examples": examples,
             "examples_per_s": examples / wall if wall > 0 else 0.0,
             "train_loss": None if math.isnan(loss_ema) else loss_ema,
-            "test_accuracy": acc, "test_loss": test_loss, "staleness_mean": 0.0, "staleness_max": 0,
+            "test_accuracy": acc, "train_accuracy": train_acc, "test_loss": test_loss,
+            "staleness_mean": 0.0, "staleness_max": 0,
         })
         best = max(best, acc)
         if cfg.target_accuracy and acc >= cfg.target_accuracy and time_to_target is None:

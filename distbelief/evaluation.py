@@ -22,3 +22,12 @@ def evaluate(model: torch.nn.Module, dataset, loss_fn=None, batch_size: int = 10
         total += len(y)
     model.train(was_training)
     return correct / max(1, total), loss_sum / max(1, total)
+
+
+def evaluate_job(model: torch.nn.Module, job) -> tuple[float, float, float | None]:
+    """``(test accuracy, test loss, training accuracy)`` of ``model`` for a run; the training accuracy is measured
+    on the job's fixed training probe (``train_eval_samples``) and is None without one."""
+    acc, loss = evaluate(model, job.test_data, job.loss_fn)
+    probe = getattr(job, "train_probe", None)
+    train_acc = evaluate(model, probe, job.loss_fn)[0] if probe is not None else None
+    return acc, loss, train_acc

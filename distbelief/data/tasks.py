@@ -4,6 +4,7 @@
 - ``speech``: paper-shaped synthetic acoustic frames: 11 frames x 40 log-energies = 440 inputs, up to 8192
   classes. Inputs are temporally correlated Gaussian frames; labels are the argmax of a fixed random teacher
   network plus Gumbel noise, so the Bayes accuracy is below 100% and a student has to learn a non-linear rule.
+  ``class_prior`` > 0 skews the class frequencies (Zipf), as real acoustic states are skewed.
 - ``shapes``: synthetic 32x32 images of 8 shapes at random places (an offline image task for locally connected
   models, standing in for the paper's ImageNet).
 """
@@ -32,10 +33,11 @@ class TaskSpec:
     num_classes: int = 0  # speech only (0 = task default)
     seed: int = 0
     test_fraction: float = 0.2
+    class_prior: float = 0.0  # speech only: Zipf exponent of the class frequencies (0 = balanced)
 
     def resolved(self) -> "TaskSpec":
         if self.name == "speech" and self.num_classes == 0:
-            return TaskSpec(self.name, self.num_samples, 256, self.seed, self.test_fraction)
+            return TaskSpec(self.name, self.num_samples, 256, self.seed, self.test_fraction, self.class_prior)
         if self.name == "mnist1d":
             return TaskSpec(self.name, self.num_samples, 10, self.seed, self.test_fraction)
         if self.name == "shapes":
@@ -59,7 +61,10 @@ def cache_dir() -> Path:
 
 
 def _key(spec: TaskSpec) -> str:
-    return hashlib.sha256(json.dumps(asdict(spec), sort_keys=True).encode()).hexdigest()[:16]
+    fields = asdict(spec)
+    if not fields["class_prior"]:  # balanced classes: the key (and cache entry) of specs made before the field
+        del fields["class_prior"]
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _cached(spec: TaskSpec, make) -> dict[str, np.ndarray]:
@@ -125,13 +130,17 @@ def _make_speech(spec: TaskSpec) -> dict[str, np.ndarray]:
     # Balance the classes: centre and scale each teacher logit on a calibration sample.
     calib = logits(frames(4096))
     mu, sd = calib.mean(0), calib.std(0) + 1e-6
+    # Optionally skew them again on purpose, as real acoustic states are: class k gets log-prior -s*log(k+1)
+    # (Zipf), so a few states are frequent and most are rare — the regime where Adagrad's per-parameter rates
+    # matter (the rare classes' output weights get large steps).
+    log_prior = -spec.class_prior * torch.log(torch.arange(1, classes + 1, dtype=torch.float32))
     xs, ys = [], []
     for start in range(0, spec.num_samples, 8192):
         n = min(8192, spec.num_samples - start)
         x = frames(n)
         z = (logits(x) - mu) / sd
         gumbel = -torch.log(-torch.log(torch.rand(n, classes, generator=g).clamp_min(1e-12)))
-        ys.append(torch.argmax(3.0 * z + gumbel, dim=1))
+        ys.append(torch.argmax(3.0 * z + log_prior + gumbel, dim=1))
         xs.append(x)
     x, y = torch.cat(xs).numpy().astype(np.float32), torch.cat(ys).numpy().astype(np.int64)
     split = int(round(spec.num_samples * (1.0 - spec.test_fraction)))

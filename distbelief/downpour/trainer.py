@@ -19,7 +19,7 @@ from torch.utils.data import Dataset
 
 from distbelief.data.batches import BatchSource, replica_indices
 from distbelief.downpour.replica import ModelReplica, ReplicaSettings
-from distbelief.evaluation import evaluate
+from distbelief.evaluation import evaluate_job
 from distbelief.exceptions import ConfigError, DistBeliefError, RemoteTimeoutError, RoleFailedError
 from distbelief.metrics import Clock, RunRecorder
 from distbelief.policies import Decision, RestartPolicy
@@ -84,6 +84,7 @@ class Job:
     test_data: Dataset
     loss_fn: Callable
     threads: int
+    train_probe: Dataset | None = None  # a fixed sample of the training set for training accuracy (or None)
 
 
 class ParameterServerTrainer:
@@ -315,7 +316,7 @@ class ParameterServerTrainer:
         wall = self.clock.elapsed()
         flat = self._read_server(self.server_params)
         unflatten_into(self.eval_model, flat)
-        acc, test_loss = evaluate(self.eval_model, self.job.test_data, self.job.loss_fn)
+        acc, test_loss, train_acc = evaluate_job(self.eval_model, self.job)
         stats = self._read_server(self.shard_stats)
         self._poll_replicas()
         losses = [st.last_stats.get("loss_ema") for st in self.replicas.values() if st.last_stats]
@@ -330,6 +331,7 @@ class ParameterServerTrainer:
             "examples_per_s": examples / wall if wall > 0 else 0.0,
             "train_loss": sum(losses) / len(losses) if losses else None,
             "test_accuracy": acc,
+            "train_accuracy": train_acc,
             "test_loss": test_loss,
             "staleness_mean": sum(s["staleness_sum"] for s in stats) / count if count else 0.0,
             "staleness_max": max(s["staleness_max"] for s in stats),

@@ -10,7 +10,7 @@ import math
 import torch
 
 from distbelief.downpour.replica import ReplicaSettings
-from distbelief.evaluation import evaluate
+from distbelief.evaluation import evaluate_job
 from distbelief.metrics import Clock, RunRecorder
 from distbelief.partition.replica import PartitionRecipe, messaging_metrics
 from distbelief.ps.optimizers import make_server_optimizer
@@ -43,14 +43,15 @@ def run_partitioned_sgd(job, runtime, recorder: RunRecorder) -> tuple[dict, torc
         for lo, values in runtime.call(role, "params").result(cfg.remote_timeout_s):
             flat[lo: lo + len(values)].copy_(torch.as_tensor(values))
         unflatten_into(eval_model, flat)
-        acc, test_loss = evaluate(eval_model, job.test_data, job.loss_fn)
+        acc, test_loss, train_acc = evaluate_job(eval_model, job)
         loss = stats.get("loss_ema")
         examples = stats.get("examples", 0)
         recorder.record({
             "wall_s": round(wall, 3), "updates": steps, "updates_per_shard": [steps], "examples": examples,
             "examples_per_s": examples / wall if wall > 0 else 0.0,
             "train_loss": None if loss is None or math.isnan(loss) else loss,
-            "test_accuracy": acc, "test_loss": test_loss, "staleness_mean": 0.0, "staleness_max": 0,
+            "test_accuracy": acc, "train_accuracy": train_acc, "test_loss": test_loss,
+            "staleness_mean": 0.0, "staleness_max": 0,
             **messaging_metrics([stats] if stats else []),
         })
         best = max(best, acc)

@@ -48,6 +48,9 @@ def connect(address: str | None = None, num_cpus: int | None = None) -> None:
         ray.init(address=address, **common)
     else:
         ray.init(
+            # "local": always a fresh instance of our own, never a cluster someone left running on this machine
+            # (plain ray.init() would join one started by `ray start`); --address joins a cluster on purpose.
+            address="local",
             num_cpus=num_cpus or os.cpu_count(),
             include_dashboard=False,
             dashboard_host="127.0.0.1",

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from distbelief.downpour.trainer import Job, materialize
-from distbelief.evaluation import evaluate
+from distbelief.evaluation import evaluate_job
 from distbelief.exceptions import ConfigError
 from distbelief.metrics import Clock, RunRecorder
 from distbelief.policies import Decision, RestartPolicy
@@ -231,7 +231,7 @@ class SandblasterTrainer:
     def evaluate_now(self) -> dict:
         wall = self.clock.elapsed()
         unflatten_into(self.eval_model, self.server_params())
-        acc, test_loss = evaluate(self.eval_model, self.job.test_data, self.job.loss_fn)
+        acc, test_loss, train_acc = evaluate_job(self.eval_model, self.job)
         c = self.coord.stats()
         examples = c["examples"]
         rec = {
@@ -242,6 +242,7 @@ class SandblasterTrainer:
             "examples_per_s": examples / wall if wall > 0 else 0.0,
             "train_loss": c["loss"] if math.isfinite(c["loss"]) else None,
             "test_accuracy": acc,
+            "train_accuracy": train_acc,
             "test_loss": test_loss,
             "staleness_mean": 0.0,  # every gradient is computed at the parameters it is applied to
             "staleness_max": 0,
