@@ -1,0 +1,16 @@
+"""The paper's Fig. 4 on this machine: `distbelief bench fig4` with its output in benchmarks/results/fig4-DATE/.
+
+    .venv/bin/python benchmarks/fig4.py [--quick] [--cores N] [other `distbelief bench fig4` options]
+
+The sweep itself lives in `distbelief.bench`; this wrapper only fixes where dated results go. Not a test.
+"""
+
+import sys
+import time
+from pathlib import Path
+
+from distbelief.cli import main
+
+if __name__ == "__main__":
+    out = Path(__file__).resolve().parent / "results" / f"fig4-{time.strftime('%Y-%m-%d')}"
+    sys.exit(main(["bench", "fig4", "--out", str(out), *sys.argv[1:]]))

@@ -1,0 +1,134 @@
+"""``distbelief bench``: the figure sweeps run end to end on tiny sizes and write well-formed results and PNGs.
+
+These check structure, never speed: all methods present, a monotone time axis, values in range, every method
+started from the shared warmstart, the targets evaluated from the measured times.
+"""
+
+import json
+import math
+import subprocess
+import sys
+
+import matplotlib.image as mpimg
+import pytest
+
+from distbelief.bench.accuracy import QUICK, evaluate_targets, fig5_core_counts, time_to_target
+
+PY = [sys.executable, "-m", "distbelief.cli"]
+FIG4_METHODS = set(QUICK.methods)
+
+
+def check_png(path, min_px=200):
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    img = mpimg.imread(path)
+    assert img.shape[0] >= min_px and img.shape[1] >= min_px
+    assert img.std() > 0.01  # something was drawn
+
+
+def check_machine(m):
+    assert m["cores"] >= 1 and m["torch"] and m["ray"] and m["python"] and m["date"] and m["cpu_model"]
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_fig3_quick(tmp_path):
+    out = tmp_path / "fig3"
+    r = subprocess.run(PY + ["bench", "fig3", "--quick", "--out", str(out)], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads((out / "results.json").read_text())
+    check_machine(res["machine"])
+    assert res["figure"] == "fig3" and res["partitions"] == [1, 2]
+    assert {m["kind"] for m in res["models"]} == {"fully connected", "locally connected"}
+    for m in res["models"]:
+        rows = m["rows"]
+        assert [row["P"] for row in rows] == [1, 2]
+        assert rows[0]["speedup"] == 1.0 and all(row["step_s"] > 0 and row["speedup"] > 0 for row in rows)
+        assert sum(rows[0]["bytes_per_step"]) == 0 < sum(rows[1]["bytes_per_step"])  # boundary traffic at P=2
+        assert len(rows[1]["bytes_per_step"]) == 2
+    check_png(out / "fig3.png")
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_fig4_quick_every_method_from_the_shared_warmstart(tmp_path):
+    out = tmp_path / "fig4"
+    r = subprocess.run(PY + ["bench", "fig4", "--quick", "--cores", "2", "--out", str(out)], capture_output=True,
+                       text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "[fig4] target" in r.stderr  # the targets are reported as measured
+    res = json.loads((out / "results.json").read_text())
+    check_machine(res["machine"])
+    assert res["figure"] == "fig4" and res["quick"] and res["cores"] == 2
+    warm = res["warmstart"]
+    assert 0 <= warm["test_accuracy"] <= 1 and (out / "runs" / "warmstart" / "params.safetensors").is_file()
+    assert {run["method"] for run in res["runs"]} == FIG4_METHODS
+    for run in res["runs"]:
+        assert run["config"]["init_params"] == warm["run_dir"], run["method"]
+        assert run["cores"] == (1 if run["method"] == "sgd-1" else 2)
+        s = run["series"]
+        assert len(s["wall_s"]) >= 2, run["method"]
+        assert all(b >= a for a, b in zip(s["wall_s"], s["wall_s"][1:])), run["method"]
+        assert all(0 <= a <= 1 for a in s["test_accuracy"]), run["method"]
+        assert all(a is None or 0 <= a <= 1 for a in s["train_accuracy"]), run["method"]
+        assert any(a is not None for a in s["train_accuracy"]), run["method"]
+        assert run["wall_s"] <= QUICK.max_seconds + 30
+        # the reported time to target is the first evaluation at or above it
+        assert run["time_to_target_s"] == time_to_target(s, res["target_accuracy"])
+        assert run["examples_per_s"] > 0
+    assert len(res["targets"]) == 3 and all(t["met"] in (True, False, None) for t in res["targets"])
+    check_png(out / "fig4.png")
+
+
+@pytest.mark.slow
+def test_plot_overlays_runs_into_a_png(tmp_path):
+    runs = []
+    for strategy in ("sgd", "downpour"):
+        out = tmp_path / strategy
+        r = subprocess.run(PY + ["train", "--strategy", strategy, "--runtime", "inprocess", "--replicas", "2",
+                                 "--max-steps", "30", "--max-seconds", "0", "--num-samples", "1000",
+                                 "--eval-every-seconds", "0.2", "--out", str(out)],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        runs.append(str(out))
+    png = tmp_path / "cmp.png"
+    r = subprocess.run(PY + ["plot", *runs, "--out", str(png)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    check_png(png)
+
+
+@pytest.mark.parametrize("args,field", [(["fig4", "--cores", "999"], "cores"), (["fig5", "--cores", "0"], "cores"),
+                                        (["fig4", "--methods", "nope"], "methods"),
+                                        (["fig4", "--max-seconds", "-1"], "max_seconds"),
+                                        (["fig3", "--steps", "0"], "steps")])
+def test_bad_bench_arguments_exit_2_naming_them(tmp_path, args, field):
+    r = subprocess.run(PY + ["bench", *args, "--quick", "--out", str(tmp_path / "x")], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2 and field in r.stderr, r.stderr
+    assert not (tmp_path / "x" / "results.json").exists()
+
+
+def test_targets_are_ratios_of_measured_times():
+    def run(method, cores, tta):
+        return {"method": method, "cores": cores, "time_to_target_s": tta}
+
+    runs = [run("sgd-1", 1, 100.0), run("sgd-all", 2, 60.0), run("downpour-adagrad", 2, 50.0),
+            run("downpour-sgd", 2, None)]
+    t = {x["name"]: x for x in evaluate_targets("fig4", runs, 2)}
+    assert t["downpour-adagrad@2 vs sgd-1@1"]["ratio"] == pytest.approx(0.5)
+    assert t["downpour-adagrad@2 vs sgd-1@1"]["met"] is True
+    assert t["downpour-adagrad@2 vs sgd-all@2"]["ratio"] == pytest.approx(50 / 60)
+    assert t["downpour-adagrad@2 vs sgd-all@2"]["met"] is True
+    # fixed-rate Downpour missed the target: Adagrad, which reached it, is faster whatever the missing time
+    assert t["downpour-adagrad@2 vs downpour-sgd@2"]["met"] is True
+    assert t["downpour-adagrad@2 vs downpour-sgd@2"]["ratio"] is None
+    slow = evaluate_targets("fig4", [run("sgd-1", 1, 100.0), run("downpour-adagrad", 2, 70.0)], 2)
+    assert slow[0]["met"] is False and math.isclose(slow[0]["ratio"], 0.7)
+    assert slow[1]["met"] is None  # sgd-all was not run: not measured, not met
+
+
+def test_time_to_target_is_the_first_evaluation_at_or_above_it():
+    s = {"wall_s": [1.0, 2.0, 3.0, 4.0], "test_accuracy": [0.1, 0.3, 0.2, 0.5]}
+    assert time_to_target(s, 0.3) == 2.0 and time_to_target(s, 0.5) == 4.0 and time_to_target(s, 0.6) is None
+    assert fig5_core_counts(2) == [1, 2] and fig5_core_counts(16) == [1, 2, 4, 8, 16]
+    assert fig5_core_counts(6) == [1, 2, 4, 6] and fig5_core_counts(1) == [1]
