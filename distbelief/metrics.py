@@ -153,7 +153,8 @@ class RunRecorder:
     ``config["tensorboard"]`` every record also goes to ``RUN_DIR/tensorboard/`` as TensorBoard scalars.
     """
 
-    def __init__(self, out_dir: str | Path | None, config: dict[str, Any], quiet: bool = False):
+    def __init__(self, out_dir: str | Path | None, config: dict[str, Any], quiet: bool = False,
+                 write_config: bool = True):
         self.out_dir = Path(out_dir) if out_dir else None
         self.records: list[dict[str, Any]] = []
         self.quiet = quiet
@@ -163,8 +164,8 @@ class RunRecorder:
         self._tensorboard: _TensorBoardLog | None = None
         if self.out_dir is not None:
             self.out_dir.mkdir(parents=True, exist_ok=True)
-            cfg = {k: v for k, v in config.items() if v is not None}
-            (self.out_dir / "config.toml").write_text(tomli_w.dumps(cfg))
+            if write_config:
+                self.write_config()
             prev = _last_record(self.out_dir / "metrics.jsonl") if config.get("tensorboard") else None
             self._metrics = open(self.out_dir / "metrics.jsonl", "a", buffering=1)
             if config.get("tensorboard"):
@@ -174,6 +175,13 @@ class RunRecorder:
             if config.get("tensorboard"):
                 warnings.warn("tensorboard has no effect without a run directory; set out (--out DIR) to "
                               "write TensorBoard scalars", stacklevel=2)
+
+    def write_config(self) -> None:
+        """Write the resolved ``config.toml``. A resume calls it only once its overrides were accepted, so that a
+        refused override never replaces the run's configuration."""
+        if self.out_dir is not None:
+            cfg = {k: v for k, v in self.config.items() if v is not None}
+            (self.out_dir / "config.toml").write_text(tomli_w.dumps(cfg))
 
     def log(self, message: str) -> None:
         if self.quiet:

@@ -145,6 +145,8 @@ def test_resuming_with_another_model_or_history_names_the_setting_and_the_file(t
         run(out, model_fn=two_layer_model, max_steps=4, resume=True)
     with pytest.raises(ConfigError, match=r"^history: .*keeps 4 L-BFGS pairs .*resume with history = 4"):
         run(out, max_steps=4, history=6, resume=True)
+    # a refused resume leaves the run's configuration as it was
+    assert "history = 4" in (out / "config.toml").read_text()
 
 
 def test_a_corrupted_latest_vector_checkpoint_falls_back_to_the_previous_pair(tmp_path, uninterrupted, capsys):
