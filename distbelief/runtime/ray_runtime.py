@@ -14,10 +14,12 @@ import socket
 import time
 from typing import Any, Callable
 
+import numpy as np
 import ray
 from ray.exceptions import GetTimeoutError, ObjectLostError, RayActorError, RayError, RayTaskError
 
 from distbelief.exceptions import ClusterUnreachableError, ConfigError, RemoteTimeoutError, RoleFailedError
+from distbelief.runtime import shm
 from distbelief.runtime.base import Future, Role, Runtime, ShardClient
 
 
@@ -70,9 +72,17 @@ class RoleActor:
 
         torch.set_num_threads(max(1, threads))
         self.obj = factory(*args)
+        self._shm = shm.Attached()
 
     def call(self, method: str, *args, **kwargs):
         return getattr(self.obj, method)(*args, **kwargs)
+
+    # The shared-memory data plane (runtime/shm.py): the bulk bytes of a push or fetch are in a replica's buffer.
+    def push_shm(self, path: str, size: int, *push_args):
+        return self._shm.push(self.obj, path, size, *push_args)
+
+    def fetch_shm(self, path: str, size: int, replica_id: int):
+        return self._shm.fetch(self.obj, path, size, replica_id)
 
     def pid(self) -> int:
         return os.getpid()
@@ -81,8 +91,8 @@ class RoleActor:
         return ray.get_runtime_context().get_node_id()
 
 
-def _build_replica(shard_handles, layout, replica_id, timeout_s, factory):
-    return factory(RayShardClient(shard_handles, layout, replica_id, timeout_s))
+def _build_replica(shard_handles, layout, replica_id, timeout_s, factory, shm_prefix=None):
+    return factory(RayShardClient(shard_handles, layout, replica_id, timeout_s, shm_prefix))
 
 
 class _RayFuture(Future):
@@ -116,11 +126,20 @@ class _RayFuture(Future):
 class _ShardCalls(Future):
     """One call per shard. A call to a shard that died is re-sent to its replacement, within the timeout."""
 
-    def __init__(self, client: "RayShardClient", method: str, args: list[tuple], transform=None):
+    def __init__(self, client: "RayShardClient", method: str, args: list[tuple], transform=None,
+                 actor_method: str = "call"):
+        """``actor_method``: "call" runs ``method`` on the shard object; "push_shm" / "fetch_shm" are the
+        shared-memory data plane's actor methods (``method`` then only names the call in errors)."""
         self.client, self.method, self.args, self.transform = client, method, args, transform
+        self.actor_method = actor_method
         self.handles = list(client.handles)
-        self.refs = [h.call.remote(method, *a) for h, a in zip(self.handles, args)]
+        self.refs = [self._send(h, a) for h, a in zip(self.handles, args)]
         self.many = True
+
+    def _send(self, handle, args: tuple):
+        if self.actor_method == "call":
+            return handle.call.remote(self.method, *args)
+        return getattr(handle, self.actor_method).remote(*args)
 
     def result(self, timeout_s: float):
         deadline = time.monotonic() + timeout_s
@@ -136,7 +155,7 @@ class _ShardCalls(Future):
                         f"(raise remote_timeout_s if it is slow)") from None
                 except RayActorError:
                     self.handles[k] = self.client.await_replacement(k, self.handles[k], deadline)
-                    self.refs[k] = self.handles[k].call.remote(self.method, *self.args[k])
+                    self.refs[k] = self._send(self.handles[k], self.args[k])
                 except RayTaskError as e:
                     raise RoleFailedError(f"parameter shard {k} failed in {self.method}: {e}") from e
                 except ObjectLostError:
@@ -146,7 +165,7 @@ class _ShardCalls(Future):
                     if time.monotonic() >= deadline:
                         raise RoleFailedError(f"parameter shard {k}: reply to {self.method} lost") from None
                     self.handles[k] = self.client.handles[k]
-                    self.refs[k] = self.handles[k].call.remote(self.method, *self.args[k])
+                    self.refs[k] = self._send(self.handles[k], self.args[k])
         return self.transform(out) if self.transform else out
 
     def done(self) -> bool:
@@ -158,15 +177,32 @@ class _ShardCalls(Future):
 
 
 class RayShardClient(ShardClient):
-    def __init__(self, shard_handles, layout, replica_id: int, timeout_s: float = 120.0):
+    def __init__(self, shard_handles, layout, replica_id: int, timeout_s: float = 120.0,
+                 shm_prefix: str | None = None):
         super().__init__(shard_handles, layout)
         self.replica_id, self.timeout_s = replica_id, timeout_s
         # On one node the object store is shared memory, so a single put serves every shard; across nodes each
         # shard must receive only its own range (sending it the whole vector would multiply network traffic).
         self.single_node = sum(1 for n in ray.nodes() if n.get("Alive")) == 1
+        # On one node, with a prefix from the runtime, the bulk bytes skip the object store (runtime/shm.py).
+        self.shm_paths: dict[str, str] = {}
+        if shm_prefix and self.single_node and shm.available() and shm.has_room(3 * 4 * layout.total):
+            base = f"{shm.SHM_DIR}/{shm_prefix}-r{replica_id}-{self.session:x}"
+            self.shm_paths = {"fetch": f"{base}-fetch", "push0": f"{base}-push0", "push1": f"{base}-push1"}
+            self._shm_bufs = {k: shm.create(p, layout.total) for k, p in self.shm_paths.items()}
+            self._next_push_buf = 0
 
     def fetch_async(self) -> Future:
         los = [self.layout.range(k)[0] for k in range(len(self.handles))]
+        if self.shm_paths:
+            buf, n = self._shm_bufs["fetch"], len(self.handles)
+            bounds = [self.layout.range(k) for k in range(n)]
+
+            def from_buffer(versions):  # the caller copies these views before it fetches again
+                return [(lo, buf[lo:hi]) for lo, hi in bounds], list(versions)
+
+            return _ShardCalls(self, "fetch", [(self.shm_paths["fetch"], self.layout.total, self.replica_id)] * n,
+                               transform=from_buffer, actor_method="fetch_shm")
 
         def split(values):
             return [(lo, v[0]) for lo, v in zip(los, values)], [v[1] for v in values]
@@ -178,6 +214,20 @@ class RayShardClient(ShardClient):
         n = len(self.handles)
         vs = [versions[k] if versions else 0 for k in range(n)]
         seq = self.next_seq()
+        if self.shm_paths:
+            # The previous push was acknowledged before this one starts (the replica's back-pressure); buffers
+            # alternate anyway, so a buffer is rewritten only two pushes after it was sent.
+            key = f"push{self._next_push_buf}"
+            self._next_push_buf ^= 1
+            np.copyto(self._shm_bufs[key], g)
+            args = [(self.shm_paths[key], self.layout.total, self.replica_id, 0, vs[k], num_examples, self.session,
+                     seq) for k in range(n)]
+
+            def ack_shm(versions_after):
+                self._ack(versions_after)
+                return versions_after
+
+            return _ShardCalls(self, "push", args, transform=ack_shm, actor_method="push_shm")
         if self.single_node and n > 1:
             # One object-store put shared by all shards: each maps the same memory and reads its own range.
             # The future keeps the reference alive, so a push can be re-sent to a restarted shard.
@@ -199,12 +249,15 @@ class RayRuntime(Runtime):
     name = "ray"
 
     def __init__(self, address: str | None = None, num_cpus: int | None = None, replica_cpus: float = 1.0,
-                 shard_cpus: float = 0.0, startup_timeout_s: float = 180.0, remote_timeout_s: float = 120.0):
+                 shard_cpus: float = 0.0, startup_timeout_s: float = 180.0, remote_timeout_s: float = 120.0,
+                 use_shm: bool = True):
         connect(address, num_cpus)
         self.replica_cpus, self.shard_cpus = replica_cpus, shard_cpus
         self.startup_timeout_s, self.remote_timeout_s = startup_timeout_s, remote_timeout_s
         self._actors: list[Any] = []
         self._groups: list[Role] = []  # partitioned replicas (partition_ray.RayPartitionGroupRole)
+        # Replicas on the driver's machine exchange bulk bytes with shards through /dev/shm (runtime/shm.py).
+        self.shm_prefix = shm.new_prefix() if use_shm and shm.available() else None
 
     def check_capacity(self, num_replicas: int) -> None:
         """Refuse, before any worker starts, a job whose replicas could never all be scheduled."""
@@ -228,7 +281,7 @@ class RayRuntime(Runtime):
     def create_replica(self, replica_id, factory, shards, layout, threads) -> Role:
         handles = [s.handle for s in shards]
         actor = RoleActor.options(num_cpus=self.replica_cpus, max_concurrency=4, max_restarts=0).remote(
-            threads, _build_replica, handles, layout, replica_id, self.remote_timeout_s, factory
+            threads, _build_replica, handles, layout, replica_id, self.remote_timeout_s, factory, self.shm_prefix
         )
         self._actors.append(actor)
         return Role("replica", replica_id, actor)
@@ -277,4 +330,5 @@ class RayRuntime(Runtime):
             except Exception:  # noqa: BLE001 - already gone
                 pass
         self._actors.clear()
-        time.sleep(0)
+        if self.shm_prefix:
+            shm.remove_all(self.shm_prefix)
