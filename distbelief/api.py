@@ -12,7 +12,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from distbelief.config import RunConfig, config_from
+from distbelief.config import LOCAL_STRATEGIES, RunConfig, config_from
 from distbelief.exceptions import ConfigError
 from distbelief.metrics import RunRecorder
 
@@ -102,7 +102,8 @@ def train(
             ``config.runtime``.
         quiet: suppress progress output.
         callbacks: functions ``f(trainer, record)`` called in the driver after each evaluation (monitoring,
-            fault injection in tests); downpour and sync only.
+            fault injection in tests); downpour, sync, hogwild and ddp (there ``trainer`` is the run, with
+            ``worker_pids``).
         resume: continue the run in ``config.out`` from its shards' checkpoints (possibly with a different
             number of shards); its metrics and counters continue.
 
@@ -123,7 +124,7 @@ def train(
         from distbelief.warmstart import WarmStarted, load_flat_params
 
         model_fn = WarmStarted(model_fn, load_flat_params(cfg.init_params, n_params))
-    if cfg.strategy != "sgd" and cfg.shards > n_params:
+    if cfg.strategy not in ("sgd", *LOCAL_STRATEGIES) and cfg.shards > n_params:
         raise ConfigError("shards", f"{cfg.shards} shards for a model with only {n_params} parameters")
 
     from distbelief.downpour.trainer import Job, ParameterServerTrainer
@@ -131,6 +132,9 @@ def train(
     if resume and cfg.strategy == "sgd":
         raise ConfigError("resume", "single-process sgd runs keep no checkpoints; resume a downpour, sync or "
                                     "sandblaster run")
+    if resume and cfg.strategy in LOCAL_STRATEGIES:
+        raise ConfigError("resume", f"{cfg.strategy} runs keep no checkpoints; resume a downpour, sync or "
+                                    f"sandblaster run")
     if resume and not (cfg.out and (Path(cfg.out) / "checkpoints").is_dir()):
         raise ConfigError("resume", f"{cfg.out or '(no run directory)'} has no checkpoints/ to resume from")
     job = Job(cfg, model_fn, train_data, test_data, loss_fn, _resolve_threads(cfg))
@@ -150,6 +154,11 @@ def train(
         from distbelief.baselines import run_single_process
 
         summary, flat = run_single_process(job, recorder)
+    elif cfg.strategy in LOCAL_STRATEGIES:
+        from distbelief.baselines_mp import run_ddp, run_hogwild
+
+        run = run_hogwild if cfg.strategy == "hogwild" else run_ddp
+        summary, flat = run(job, recorder, callbacks=callbacks)
     else:
         own_runtime = runtime is None
         if own_runtime:

@@ -8,12 +8,12 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-from distbelief.config import FIELD_HELP, RunConfig, config_from, load_toml
+from distbelief.config import FIELD_HELP, LOCAL_STRATEGIES, RunConfig, config_from, load_toml
 from distbelief.exceptions import ClusterUnreachableError, ConfigError, DistBeliefError
 
 CHOICES = {
     "task": ("mnist1d", "speech", "shapes"),
-    "strategy": ("sgd", "sync", "downpour", "sandblaster"),
+    "strategy": ("sgd", "sync", "downpour", "sandblaster", "hogwild", "ddp"),
     "server_optimizer": ("sgd", "adagrad"),
     "runtime": ("ray", "inprocess"),
 }
@@ -95,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
             result = train_task(cfg, resume=bool(args.resume))
             print(f"final test accuracy {result.summary['final_test_accuracy']:.4f}; run directory {result.run_dir}")
             if result.summary.get("stop_reason") == "interrupted":
-                print(f"interrupted; continue with: distbelief train --resume {result.run_dir}", file=sys.stderr)
+                if result.summary.get("strategy") not in LOCAL_STRATEGIES:  # those keep no checkpoints
+                    print(f"interrupted; continue with: distbelief train --resume {result.run_dir}", file=sys.stderr)
                 return 130
             return 0
         if args.command == "plot":

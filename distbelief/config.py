@@ -15,7 +15,8 @@ from typing import Any
 
 from distbelief.exceptions import ConfigError
 
-STRATEGIES = ("sgd", "sync", "downpour", "sandblaster")
+STRATEGIES = ("sgd", "sync", "downpour", "sandblaster", "hogwild", "ddp")
+LOCAL_STRATEGIES = ("hogwild", "ddp")  # torch.multiprocessing baselines: this machine, no parameter server
 SERVER_OPTIMIZERS = ("sgd", "adagrad")
 RUNTIMES = ("ray", "inprocess")
 
@@ -107,6 +108,9 @@ class RunConfig:
                                                 f"{', '.join(PARTITIONABLE)}, or partitions = 1")
             if self.strategy == "sync":
                 raise ConfigError("partitions", "the sync strategy runs unpartitioned replicas; use downpour or sgd")
+            if self.strategy in LOCAL_STRATEGIES:
+                raise ConfigError("partitions", f"the {self.strategy} baseline runs unpartitioned replicas; use "
+                                                f"partitions = 1")
         positive("num_samples", 20)
         for name in ("warmstart_steps", "max_steps", "threads", "max_replica_restarts", "num_classes"):
             positive(name, 0)
@@ -145,6 +149,9 @@ class RunConfig:
         if self.kill_shard_after_s and not 0 <= self.kill_shard_id < self.shards:
             raise ConfigError("kill_shard_id", f"must name a shard in [0, {self.shards}), got {self.kill_shard_id}")
         self._validate_sandblaster()
+        if self.address and self.strategy in LOCAL_STRATEGIES:
+            raise ConfigError("address", f"the {self.strategy} baseline runs its workers on this machine; drop "
+                                         f"--address")
         if self.address and self.runtime != "ray":
             raise ConfigError("address", "--address needs the ray runtime (runtime = \"ray\")")
         return self
@@ -184,7 +191,9 @@ FIELD_HELP: dict[str, str] = {
     "num_samples": "examples generated for the task (train + test; 20%% test)",
     "num_classes": "speech only: number of classes (0 = 256; the paper used 8192)",
     "strategy": "sgd (one process, plain torch loop), sync (synchronous data parallel), downpour (async), "
-                "sandblaster (batch L-BFGS driven by a coordinator, vectors on the shards)",
+                "sandblaster (batch L-BFGS driven by a coordinator, vectors on the shards), hogwild (lock-free "
+                "updates of shared-memory parameters by local processes), ddp (torch DistributedDataParallel, "
+                "gloo, local processes; global batch = replicas x batch_size)",
     "replicas": "number of model replicas (data-parallel workers)",
     "shards": "number of parameter-server shards",
     "partitions": "model parallelism: run every replica as this many partition processes (lc1d, lc-image-*, "

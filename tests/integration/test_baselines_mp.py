@@ -1,0 +1,219 @@
+"""The hogwild and ddp baselines on real worker processes: accuracy and run directories, shared parameters,
+DDP's exactness, failures, Ctrl-C, and bad input refused before any process starts."""
+
+import hashlib
+import json
+import math
+import multiprocessing
+import os
+import signal
+from functools import partial
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from distbelief import ConfigError, RoleFailedError, RunConfig, train
+from distbelief.baselines_mp import SharedProgress
+from distbelief.cli import main
+from tests.conftest import make_odd_model, toy_classification
+from tests.integration.test_downpour_inprocess import check_run_dir
+
+FAST = dict(quiet=True, batch_size=16, server_optimizer="adagrad", lr=0.05, threads=1)
+
+
+def toy_split(part: str) -> TensorDataset:
+    """Train and test examples labelled by the same teacher (conftest's two sets use different teachers)."""
+    x, y = toy_classification(1280, seed=0).tensors
+    return TensorDataset(x[:1024], y[:1024]) if part == "train" else TensorDataset(x[1024:], y[1024:])
+
+
+def make_scalar_model() -> nn.Module:
+    model = nn.Linear(1, 1, bias=False)
+    nn.init.zeros_(model.weight)
+    return model
+
+
+def minus_mean(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return -out.mean()  # with every input 1, d loss / d w = -1 exactly, whatever the batch
+
+
+def digest(flat: torch.Tensor) -> str:
+    return hashlib.sha256(flat.numpy().tobytes()).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------- no processes
+def test_shared_progress_counts_and_summarizes_in_one_process():
+    p = SharedProgress(2)
+    p.count_step(0, 16, 2.0, 0)
+    p.count_step(0, 16, 1.0, 3)
+    p.count_step(1, 8, 4.0, 1)
+    snap = p.snapshot([0, 1])
+    assert snap["steps"] == [2, 1] and snap["examples"] == 40
+    assert snap["staleness_mean"] == pytest.approx(4 / 3) and snap["staleness_max"] == 3
+    assert snap["train_loss"] == pytest.approx(((0.9 * 2.0 + 0.1 * 1.0) + 4.0) / 2)
+    assert p.snapshot([1])["train_loss"] == 4.0 and SharedProgress(1).snapshot([0])["train_loss"] is None
+    assert not p.stop_requested()
+    p.stop()
+    assert p.stop_requested() and p.wait_go(0, timeout_s=1) is False  # a stopped run never says go
+
+
+@pytest.mark.parametrize("settings,field", [
+    (dict(strategy="hogwild", partitions=2, model="mlp"), "partitions"),
+    (dict(strategy="ddp", partitions=2, model="lc1d"), "partitions"),
+    (dict(strategy="ddp", address="10.0.0.1:6379"), "address"),
+])
+def test_config_refuses_settings_the_baselines_cannot_honour(settings, field):
+    with pytest.raises(ConfigError) as e:
+        RunConfig(**settings).validate()
+    assert e.value.field == field
+
+
+def test_bad_input_is_refused_before_any_worker_starts(tmp_path, capsys):
+    data = toy_split("train"), toy_split("test")
+    for strategy in ("hogwild", "ddp"):
+        with pytest.raises(ConfigError, match=f"resume: {strategy} runs keep no checkpoints"):
+            train(make_odd_model, *data, strategy=strategy, resume=True, out=str(tmp_path), max_steps=1,
+                  **FAST)
+        with pytest.raises(ConfigError, match="model: .*picklable"):
+            train(lambda: nn.Linear(7, 3), *data, strategy=strategy, max_steps=1, **FAST)
+    assert multiprocessing.active_children() == []
+    assert main(["train", "--strategy", "hogwild", "--partitions", "2", "--out", str(tmp_path / "cli")]) == 2
+    assert "partitions" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------- hogwild
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_hogwild_two_workers_reach_target_and_write_a_run_dir(tmp_path):
+    res = train(make_odd_model, partial(toy_split, "train"), toy_split("test"), strategy="hogwild",
+                replicas=2, target_accuracy=0.85, max_seconds=30, eval_every_seconds=0.5,
+                out=str(tmp_path / "run"), **FAST)
+    summary, lines = check_run_dir(tmp_path / "run", "hogwild")
+    assert summary["stop_reason"] == "target accuracy reached" and summary["final_test_accuracy"] >= 0.85
+    assert summary["time_to_target_s"] is not None and summary["time_to_target_s"] < summary["wall_s"] + 1e-9
+    assert summary["replicas"] == 2 and summary["shards"] == 1 and summary["replicas_lost"] == 0
+    steps = summary["steps_per_replica"]
+    assert len(steps) == 2 and min(steps) > 0 and summary["updates"] == sum(steps)
+    assert summary["examples"] == 16 * sum(steps)
+    assert {"replicas_alive", "staleness_mean", "test_loss", "updates_per_shard"} <= lines[-1].keys()
+    assert lines[-1]["replicas_alive"] == 2 and lines[-1]["updates"] == summary["updates"]
+    assert res.summary == summary
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("rule", ["sgd", "adagrad"])
+def test_hogwild_workers_update_one_shared_parameter(rule):
+    """w starts at 0 and every step's gradient is exactly -1: with shared parameters (and, for adagrad, shared
+    accumulators) the driver's w reflects every step of both workers, as if one process had taken them all."""
+    lr = 2.0 ** -10  # sums of powers of two are exact in float32
+    data = TensorDataset(torch.ones(64, 1), torch.zeros(64, dtype=torch.long))
+    res = train(make_scalar_model, data, data, loss_fn=minus_mean, strategy="hogwild", replicas=2,
+                server_optimizer=rule, lr=lr, max_steps=300, max_seconds=0, eval_every_seconds=3600,
+                quiet=True, batch_size=8, threads=1)
+    assert res.summary["steps_per_replica"] == [300, 300]
+    assert res.summary["stop_reason"] == "step limit reached"
+    w = float(res.flat_params[0])
+    if rule == "sgd":
+        expected = 600 * lr  # one worker alone, or unshared parameters, would give 300 * lr
+    else:  # sum g^2 after the k-th update is k: w = lr * sum_k 1/sqrt(k); unshared sums would give ~40% more
+        expected = lr * sum(1 / math.sqrt(k) for k in range(1, 601))
+    # Hogwild takes no lock: two updates landing at the same instant can lose one; allow a few, no more
+    assert expected - 3 * lr <= w <= expected + 1e-6, (w / lr, expected / lr)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_killed_hogwild_worker_does_not_stop_the_run(tmp_path):
+    killed = {}
+
+    def kill_worker_1(run, rec):
+        if not killed and rec["updates"] > 0:
+            killed["pid"] = run.worker_pids[1]
+            killed["updates"] = rec["updates"]
+            os.kill(killed["pid"], signal.SIGKILL)
+
+    res = train(make_odd_model, toy_split("train"), toy_split("test"), strategy="hogwild", replicas=2,
+                max_seconds=3, eval_every_seconds=0.4, callbacks=[kill_worker_1], out=str(tmp_path / "run"),
+                **FAST)
+    summary, lines = check_run_dir(tmp_path / "run", "hogwild")
+    assert killed and summary["replicas_lost"] == 1 and summary["stop_reason"] == "time budget spent"
+    lost = [e for e in summary["events"] if e["event"] == "replica lost"]
+    assert [e["id"] for e in lost] == [1] and "SIGKILL" in lost[0]["error"]
+    assert lines[-1]["replicas_alive"] == 1
+    steps = summary["steps_per_replica"]
+    assert steps[0] > steps[1] and summary["updates"] > killed["updates"]  # worker 0 went on alone
+    assert res.summary["final_test_accuracy"] > 0.6
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_ctrl_c_stops_workers_and_writes_the_summary(tmp_path):
+    pressed = []
+
+    def ctrl_c(run, rec):
+        if not pressed and rec["updates"] > 0:
+            pressed.append(rec["wall_s"])
+            # a terminal's Ctrl-C reaches the whole process group: workers ignore it, the driver stops them
+            for pid in run.worker_pids.values():
+                os.kill(pid, signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    res = train(make_odd_model, toy_split("train"), toy_split("test"), strategy="hogwild", replicas=2,
+                max_seconds=60, eval_every_seconds=0.5, callbacks=[ctrl_c], out=str(tmp_path / "run"), **FAST)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert pressed and summary["stop_reason"] == "interrupted" and summary["wall_s"] < pressed[0] + 10
+    assert summary["replicas_lost"] == 0 and min(summary["steps_per_replica"]) > 0
+    assert res.summary["final_test_accuracy"] == summary["final_test_accuracy"]
+
+
+# ---------------------------------------------------------------------------------------------- ddp
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_ddp_two_ranks_train_stay_bit_identical_and_write_a_run_dir(tmp_path):
+    res = train(make_odd_model, toy_split("train"), toy_split("test"), strategy="ddp", replicas=2,
+                target_accuracy=0.85, max_seconds=30, eval_every_seconds=0.5, out=str(tmp_path / "run"),
+                **FAST)
+    summary, _ = check_run_dir(tmp_path / "run", "ddp")
+    assert summary["stop_reason"] == "target accuracy reached" and summary["final_test_accuracy"] >= 0.85
+    steps = summary["steps_per_replica"]
+    assert steps[0] == steps[1] > 0 and summary["updates"] == steps[0]  # one synchronous update per step
+    assert summary["examples"] == 2 * 16 * steps[0] and summary["global_batch_size"] == 32
+    assert summary["staleness_max"] == 0 and summary["shards"] == 0
+    # every rank's final parameters are the same bits, and the driver read rank 0's through shared memory
+    assert summary["rank_param_digests"] == [digest(res.flat_params)] * 2 and summary["ranks_in_sync"] is True
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("rule", ["sgd", "adagrad"])
+def test_ddp_with_one_rank_equals_single_process_sgd_exactly(rule):
+    """Same seed, same initial parameters, same batches (a sole worker's subset is the whole dataset, in
+    order): DDP's all-reduce over one rank divides by 1, so every bit matches --strategy sgd."""
+    kw = dict(quiet=True, replicas=1, server_optimizer=rule, lr=0.05, batch_size=8, max_steps=40,
+              max_seconds=0, eval_every_seconds=3600, threads=1, seed=3)
+    ddp = train(make_odd_model, toy_split("train"), toy_split("test"), strategy="ddp", **kw)
+    sgd = train(make_odd_model, toy_split("train"), toy_split("test"), strategy="sgd", **kw)
+    assert ddp.summary["steps_per_replica"] == [40] and sgd.summary["updates"] == 40
+    assert not torch.equal(ddp.flat_params, make_odd_model_flat(seed=3))  # it did train
+    assert torch.equal(ddp.flat_params, sgd.flat_params)
+
+
+def make_odd_model_flat(seed: int) -> torch.Tensor:
+    torch.manual_seed(seed)
+    return torch.cat([p.detach().reshape(-1) for p in make_odd_model().parameters()])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_dead_ddp_rank_fails_the_run_naming_it_and_keeps_partial_results(tmp_path):
+    with pytest.raises(RoleFailedError, match="ddp rank 1 failed"):
+        train(make_odd_model, toy_split("train"), toy_split("test"), strategy="ddp", replicas=2,
+              max_seconds=30, eval_every_seconds=0.3, kill_replica_after_s=1.0, kill_replica_id=1,
+              out=str(tmp_path / "run"), **FAST)
+    summary, _ = check_run_dir(tmp_path / "run", "ddp")
+    assert summary["stop_reason"] == "failed" and "ddp rank 1" in summary["error"]
+    assert summary["wall_s"] < 15 and summary["updates"] > 0
+    assert multiprocessing.active_children() == []
