@@ -75,6 +75,14 @@ def check_model_and_data(model_fn, train_ds, loss_fn) -> None:
         ) from None
 
 
+def compact_subset(dataset, indices) -> "torch.utils.data.TensorDataset":
+    """The items at ``indices`` as a TensorDataset of their own (a Subset would keep the whole dataset alive)."""
+    from torch.utils.data import TensorDataset, default_collate
+
+    x, y = default_collate([dataset[i] for i in indices])
+    return TensorDataset(x, y)
+
+
 def train(
     model_fn: Callable[[], torch.nn.Module],
     train_data,
@@ -127,7 +135,7 @@ def train(
     if cfg.strategy not in ("sgd", *LOCAL_STRATEGIES) and cfg.shards > n_params:
         raise ConfigError("shards", f"{cfg.shards} shards for a model with only {n_params} parameters")
 
-    from distbelief.downpour.trainer import Job, ParameterServerTrainer
+    from distbelief.downpour.trainer import Job, ParameterServerTrainer, materialize
 
     if resume and cfg.strategy == "sgd":
         raise ConfigError("resume", "single-process sgd runs keep no checkpoints; resume a downpour, sync or "
@@ -137,8 +145,15 @@ def train(
                                     f"sandblaster run")
     if resume and not (cfg.out and (Path(cfg.out) / "checkpoints").is_dir()):
         raise ConfigError("resume", f"{cfg.out or '(no run directory)'} has no checkpoints/ to resume from")
-    job = Job(cfg, model_fn, train_data, test_data, loss_fn, _resolve_threads(cfg))
-    recorder = RunRecorder(cfg.out or None, cfg.to_dict(), quiet=quiet)
+    if cfg.eval_samples and cfg.eval_samples < len(test_data):
+        test_data = compact_subset(test_data, range(cfg.eval_samples))
+    train_probe = None
+    if cfg.train_eval_samples:
+        ds = materialize(train_data)
+        pick = torch.randperm(len(ds), generator=torch.Generator().manual_seed(cfg.seed + 17))
+        train_probe = compact_subset(ds, pick[: cfg.train_eval_samples].tolist())
+    job = Job(cfg, model_fn, train_data, test_data, loss_fn, _resolve_threads(cfg), train_probe)
+    recorder = RunRecorder(cfg.out or None, cfg.to_dict(), quiet=quiet, write_config=not resume)
     if cfg.strategy == "sgd" and cfg.partitions > 1:
         # the paper's single replica split over P partition workers, no parameter server
         from distbelief.partition.baseline import run_partitioned_sgd
@@ -173,6 +188,7 @@ def train(
                 trainer = SandblasterTrainer(job, runtime, recorder, resume=resume)
             else:
                 trainer = ParameterServerTrainer(job, runtime, recorder, resume=resume, callbacks=callbacks)
+            recorder.write_config()  # a resume's overrides were accepted by the trainer's checks
             summary = trainer.run()
             flat = trainer.final_flat
         finally:
@@ -207,7 +223,8 @@ def task_job(cfg: RunConfig):
     from distbelief.data.tasks import TaskSpec, load_task, load_train
     from distbelief.models import build_model
 
-    spec = TaskSpec(cfg.task, cfg.num_samples, cfg.num_classes, cfg.seed).resolved()
+    spec = TaskSpec(cfg.task, cfg.num_samples, cfg.num_classes, cfg.seed,
+                    class_prior=cfg.class_prior).resolved()
     task = load_task(spec)  # generates and caches once, here, before any worker starts
     model_fn = partial(build_model, cfg.model, task.input_shape, task.num_classes, cfg.partitions)
     return model_fn, partial(load_train, spec), task.test

@@ -50,6 +50,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     _add_train(sub)
+    p = sub.add_parser("bench", help="rerun the paper's Figures 3-5 on this machine (results.json + PNGs)",
+                       description="fig3: model-parallel speedup vs partitions (fully vs locally connected); fig4: "
+                       "accuracy vs time per method from one warmstart; fig5: time to a target accuracy vs cores. "
+                       "Writes results.json (configs, series, machine) and PNG figures into --out.")
+    p.add_argument("figure", choices=("fig3", "fig4", "fig5"))
+    p.add_argument("--out", required=True, help="directory for results.json, the figures and the runs")
+    p.add_argument("--cores", type=int, default=None,
+                   help="cores to use (default: all of this machine's); fig5 sweeps 1, 2, 4, ... up to it")
+    p.add_argument("--quick", action="store_true", help="a reduced sweep on tiny sizes (minutes; mechanics only)")
+    p.add_argument("--max-seconds", type=float, default=None, help="fig4/fig5: budget per run (default: recipe's)")
+    p.add_argument("--methods", nargs="+", default=None,
+                   help="fig4/fig5: only these methods (sgd-1 sgd-all adagrad-all downpour-sgd downpour-adagrad "
+                        "sandblaster ddp hogwild)")
+    p.add_argument("--steps", type=int, default=None, help="fig3: timed steps per point")
     p = sub.add_parser("plot", help="overlay the accuracy-vs-time curves of run directories")
     p.add_argument("runs", nargs="+", help="run directories (each with metrics.jsonl)")
     p.add_argument("--out", required=True, help="PNG file to write")
@@ -79,6 +93,30 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     return cfg.validate()
 
 
+def _bench(args: argparse.Namespace) -> int:
+    import os
+
+    cores = args.cores if args.cores is not None else (os.cpu_count() or 1)
+    have = os.cpu_count() or 1
+    if not 1 <= cores <= have:
+        raise ConfigError("cores", f"must be in [1, {have}] on this machine (it has {have} cores), got {cores}")
+    if args.steps is not None and args.steps < 1:
+        raise ConfigError("steps", f"must be >= 1, got {args.steps}")
+    out = Path(args.out)
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    if args.figure == "fig3":
+        from distbelief.bench.fig3 import run_fig3
+
+        run_fig3(out, cores, args.quick, args.steps, log=log)
+    else:
+        from distbelief.bench import accuracy
+
+        run = accuracy.run_fig4 if args.figure == "fig4" else accuracy.run_fig5
+        run(out, cores, args.quick, args.methods, log=log, max_seconds=args.max_seconds)
+    print(f"wrote {out / 'results.json'}")
+    return 0
+
+
 def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt
 
@@ -99,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"interrupted; continue with: distbelief train --resume {result.run_dir}", file=sys.stderr)
                 return 130
             return 0
+        if args.command == "bench":
+            return _bench(args)
         if args.command == "plot":
             from distbelief.metrics import plot_runs
 

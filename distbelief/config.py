@@ -28,6 +28,7 @@ class RunConfig:
     model: str = "mlp"
     num_samples: int = 40000
     num_classes: int = 0
+    class_prior: float = 0.0
     # how
     strategy: str = "downpour"
     replicas: int = 2
@@ -49,6 +50,8 @@ class RunConfig:
     max_seconds: float = 60.0
     target_accuracy: float = 0.0
     eval_every_seconds: float = 2.0
+    eval_samples: int = 0
+    train_eval_samples: int = 0
     # where and how to run
     seed: int = 0
     out: str = ""
@@ -112,7 +115,8 @@ class RunConfig:
                 raise ConfigError("partitions", f"the {self.strategy} baseline runs unpartitioned replicas; use "
                                                 f"partitions = 1")
         positive("num_samples", 20)
-        for name in ("warmstart_steps", "max_steps", "threads", "max_replica_restarts", "num_classes"):
+        for name in ("warmstart_steps", "max_steps", "threads", "max_replica_restarts", "num_classes",
+                     "eval_samples", "train_eval_samples"):
             positive(name, 0)
         for name in ("checkpoint_every_updates", "max_shard_restarts", "kill_shard_id"):
             positive(name, 0)
@@ -129,6 +133,11 @@ class RunConfig:
             raise ConfigError("max_seconds", "no stop condition: set max_seconds, max_steps or target_accuracy")
         if self.task == "mnist1d" and self.num_classes not in (0, 10):
             raise ConfigError("num_classes", "mnist1d has 10 classes; leave num_classes at 0")
+        if not (math.isfinite(self.class_prior) and self.class_prior >= 0):
+            raise ConfigError("class_prior", f"must be >= 0 (a Zipf exponent), got {self.class_prior!r}")
+        if self.class_prior and self.task != "speech":
+            raise ConfigError("class_prior", f"only the speech task has a class prior; task {self.task!r} "
+                                             f"needs class_prior = 0")
         if self.task == "speech" and not 0 <= self.num_classes <= 8192:
             raise ConfigError("num_classes", f"speech supports up to 8192 classes, got {self.num_classes}")
         if self.strategy == "sgd" and self.replicas != 1:
@@ -190,6 +199,8 @@ FIELD_HELP: dict[str, str] = {
              "lc1d (locally connected, mnist1d), lc-image-small, lc-image-medium (locally connected, shapes)",
     "num_samples": "examples generated for the task (train + test; 20%% test)",
     "num_classes": "speech only: number of classes (0 = 256; the paper used 8192)",
+    "class_prior": "speech only: Zipf exponent s of the class frequencies, p(k) ~ 1/(k+1)^s (0 = balanced; "
+                   "real acoustic states are highly skewed)",
     "strategy": "sgd (one process, plain torch loop), sync (synchronous data parallel), downpour (async), "
                 "sandblaster (batch L-BFGS driven by a coordinator, vectors on the shards), hogwild (lock-free "
                 "updates of shared-memory parameters by local processes), ddp (torch DistributedDataParallel, "
@@ -215,6 +226,10 @@ FIELD_HELP: dict[str, str] = {
     "max_seconds": "stop after this many seconds of training (0 = no limit)",
     "target_accuracy": "stop when test accuracy reaches this fraction (0 = never)",
     "eval_every_seconds": "evaluate the server's parameters on the test set every T seconds",
+    "eval_samples": "evaluate on the first N test examples only (0 = the whole test set); keeps evaluation cheap "
+                    "next to training for large test sets",
+    "train_eval_samples": "also measure training accuracy, on a fixed random sample of N training examples, at "
+                          "every evaluation (0 = off)",
     "seed": "random seed (model init, data order, data generation)",
     "out": "run directory (default runs/<timestamp>)",
     "tensorboard": "also write the run's scalars (loss, accuracy, examples/s, per-shard update rate, staleness, "
