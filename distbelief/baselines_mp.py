@@ -49,6 +49,12 @@ _GO, _STOP = range(2)
 _MESSAGE_CHARS = 8000  # a worker's error text must fit a pipe buffer, or its send would block its exit
 
 
+def startup_timeout_s(remote_timeout_s: float) -> float:
+    # Starting a process and importing torch is not a remote call: on a busy machine it takes seconds even
+    # when remote_timeout_s is set short to catch hung steps quickly.
+    return max(remote_timeout_s, 60.0)
+
+
 class SharedProgress:
     """Per-worker progress in shared memory: each worker writes only its own row, lock-free; the driver reads.
 
@@ -103,7 +109,7 @@ class SharedProgress:
                 return False
             if time.monotonic() > deadline:
                 raise RemoteTimeoutError(f"worker {rank} waited {timeout_s:.0f}s for the driver to start "
-                                         f"training (remote_timeout_s)")
+                                         f"training (remote_timeout_s, at least 60)")
             time.sleep(0.001)
         return not self._flags[_STOP]
 
@@ -197,7 +203,7 @@ def hogwild_worker(rank: int, spec: WorkerSpec, progress: SharedProgress, model:
     torch.manual_seed(cfg.seed + 1009 * (rank + 1))  # dropout etc. differ per worker, as Downpour's replicas
     batches = worker_batches(spec, rank)
     progress.mark(rank, READY)
-    if not progress.wait_go(rank, cfg.remote_timeout_s):
+    if not progress.wait_go(rank, startup_timeout_s(cfg.remote_timeout_s)):
         return {}
     step, next_check = 0, time.monotonic() + 1.0
     while not (cfg.max_steps and step >= cfg.max_steps) and not progress.stop_requested():
@@ -236,9 +242,10 @@ def ddp_worker(rank: int, spec: WorkerSpec, progress: SharedProgress, port: int,
     cfg = spec.cfg
     if "GLOO_SOCKET_IFNAME" not in os.environ and (lo := _loopback_interface()):
         os.environ["GLOO_SOCKET_IFNAME"] = lo
-    # no destroy_process_group at the end: see _worker_main
+    # The rendezvous waits for the slowest rank to start; hung collectives are the driver's to catch (it
+    # terminates a rank without progress for remote_timeout_s). No destroy_process_group: see _worker_main.
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=cfg.replicas,
-                            timeout=timedelta(seconds=cfg.remote_timeout_s))
+                            timeout=timedelta(seconds=startup_timeout_s(cfg.remote_timeout_s)))
     if model is None:
         model = spec.model_fn()
     ddp = DistributedDataParallel(model)  # broadcasts rank 0's parameters and buffers to every rank
@@ -246,7 +253,7 @@ def ddp_worker(rank: int, spec: WorkerSpec, progress: SharedProgress, port: int,
     optimizer = make_torch_optimizer(cfg, ddp.parameters())
     batches = worker_batches(spec, rank)
     progress.mark(rank, READY)
-    if not progress.wait_go(rank, cfg.remote_timeout_s):
+    if not progress.wait_go(rank, startup_timeout_s(cfg.remote_timeout_s)):
         return {}
     stop = torch.zeros(1, dtype=torch.int64)
     step = 0
@@ -381,7 +388,8 @@ class MultiprocessRun:
         if p.exitcode == 0 and "error" not in report:
             self.reports[rank] = report
             return None
-        return report.get("error") or _exit_text(p.exitcode)
+        # no report: it died before _worker_main could send one (e.g. unpickling its arguments), or was killed
+        return report.get("error") or f"{_exit_text(p.exitcode)}, without a report (see its stderr)"
 
     def _exited(self, timeout_s: float) -> list[int]:
         """Wait up to ``timeout_s`` for any training worker to exit; the ranks that did."""
@@ -391,7 +399,8 @@ class MultiprocessRun:
         return [live[s] for s in wait_any(list(live), timeout=max(0.0, timeout_s))]
 
     def _wait_ready(self) -> None:
-        deadline = time.monotonic() + self.timeout_s
+        limit_s = startup_timeout_s(self.timeout_s)
+        deadline = time.monotonic() + limit_s
         while any(self.progress.phase(r) != READY for r in self.training):
             for rank in self._exited(0.05):
                 raise RoleFailedError(f"{self.strategy} worker {rank} failed while starting: "
@@ -399,7 +408,7 @@ class MultiprocessRun:
             if time.monotonic() > deadline:
                 slow = [r for r in self.training if self.progress.phase(r) != READY]
                 raise RemoteTimeoutError(f"{self.strategy} worker(s) {slow} not ready to train within "
-                                         f"{self.timeout_s:.0f}s (remote_timeout_s)")
+                                         f"{limit_s:.0f}s (remote_timeout_s, at least 60)")
 
     def _stop_workers(self, timeout_s: float) -> None:
         """Ask every worker to stop and reap it; terminate any that does not stop within ``timeout_s``."""

@@ -7,10 +7,12 @@ import math
 import multiprocessing
 import os
 import signal
+import time
 from functools import partial
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import TensorDataset
 
@@ -146,6 +148,32 @@ def test_killed_hogwild_worker_does_not_stop_the_run(tmp_path):
     steps = summary["steps_per_replica"]
     assert steps[0] > steps[1] and summary["updates"] > killed["updates"]  # worker 0 went on alone
     assert res.summary["final_test_accuracy"] > 0.6
+
+
+class HangInWorker:
+    """Cross-entropy, except that worker ``rank`` hangs forever at its ``after``-th call (stuck data)."""
+
+    def __init__(self, rank: int, after: int):
+        self.rank, self.after, self.calls = rank, after, 0
+
+    def __call__(self, out, y):
+        self.calls += 1
+        if multiprocessing.current_process().name.endswith(f"-{self.rank}") and self.calls >= self.after:
+            time.sleep(3600)
+        return F.cross_entropy(out, y)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_hung_hogwild_worker_is_terminated_and_the_others_go_on():
+    res = train(make_odd_model, toy_split("train"), toy_split("test"), loss_fn=HangInWorker(1, after=20),
+                strategy="hogwild", replicas=2, max_seconds=5, eval_every_seconds=0.5, remote_timeout_s=1.5,
+                **FAST)
+    s = res.summary
+    assert s["replicas_lost"] == 1 and s["stop_reason"] == "time budget spent"
+    assert [(e["id"], "made no progress" in e["error"]) for e in s["events"]] == [(1, True)]
+    assert 0 < s["steps_per_replica"][1] < 20 < 100 < s["steps_per_replica"][0]
+    assert multiprocessing.active_children() == []
 
 
 @pytest.mark.slow
