@@ -554,7 +554,7 @@ class MultiprocessRun:
         wall = self.clock.elapsed()
         final = self._record()
         summary = self._summary(final, wall)
-        flat = flatten(self.model).clone()  # a private copy: the shared memory goes when the model does
+        flat = flatten(self.model)  # a new vector (torch.cat copies), not a view of the shared memory
         if failure is not None:
             summary["error"] = str(failure)
             self.rec.finish(summary, flat)  # the partial run is still a valid run directory
