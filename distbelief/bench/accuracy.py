@@ -66,12 +66,12 @@ FULL = Recipe(
 # Tiny sizes: the whole sweep's mechanics in a few minutes (CI runs it); its numbers mean nothing.
 QUICK = Recipe(
     label="quick: speech 440-256x2-64 sigmoid, 64 classes (mechanics only)",
-    common=dict(task="speech", num_samples=6000, num_classes=64, class_prior=1.0, model="speech-tiny",
-                batch_size=64, eval_every_seconds=1.0, eval_samples=500, train_eval_samples=500, seed=0,
+    common=dict(task="speech", num_samples=4000, num_classes=64, class_prior=1.0, model="speech-tiny",
+                batch_size=64, eval_every_seconds=0.5, eval_samples=400, train_eval_samples=400, seed=0,
                 checkpoint_every_seconds=0.0, wal=False, remote_timeout_s=120.0),
-    warmstart=dict(strategy="sgd", server_optimizer="sgd", lr=0.5, threads=1, max_steps=20),
-    target_accuracy=0.05,
-    max_seconds=4.0,
+    warmstart=dict(strategy="sgd", server_optimizer="sgd", lr=0.5, threads=1, max_steps=10),
+    target_accuracy=0.12,
+    max_seconds=2.5,
     methods={
         "sgd-1": dict(strategy="sgd", server_optimizer="sgd", lr=0.5, threads=1),
         "sgd-all": dict(strategy="sgd", server_optimizer="sgd", lr=0.5),

@@ -283,8 +283,9 @@ class ParameterServerTrainer:
     def server_params(self) -> torch.Tensor:
         parts, _ = self.client.fetch_async().result(self.timeout_s)
         flat = torch.empty(self.total, dtype=torch.float32)
+        out = flat.numpy()
         for lo, values in parts:
-            flat[lo : lo + len(values)].copy_(torch.as_tensor(values))
+            out[lo : lo + len(values)] = values  # numpy copy: the values may be a read-only view of Ray's store
         return flat
 
     def shard_stats(self) -> list[dict]:
