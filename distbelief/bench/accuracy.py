@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from distbelief.config import RunConfig
-from distbelief.exceptions import ConfigError
+from distbelief.exceptions import ConfigError, DistBeliefError
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class Recipe:
 FULL = Recipe(
     label="speech 440-256x2-8192 sigmoid (2.3M parameters), 8192 Zipf classes",
     common=dict(task="speech", num_samples=300_000, num_classes=8192, class_prior=1.0, model="speech-tiny",
-                batch_size=128, eval_every_seconds=5.0, eval_samples=4000, train_eval_samples=4000, seed=0,
+                batch_size=128, eval_every_seconds=10.0, eval_samples=3000, train_eval_samples=1000, seed=0,
                 checkpoint_every_seconds=0.0, wal=False),
     warmstart=dict(strategy="sgd", server_optimizer="sgd", lr=2.0, threads=1, max_steps=500),
     target_accuracy=0.16,
@@ -125,6 +125,7 @@ class Sweep:
     log: Any = print
     runs: list[dict] = field(default_factory=list)
     warm: dict = field(default_factory=dict)
+    results_name: str = "results.json"
 
     def run_one(self, name: str, settings: dict[str, Any]) -> dict:
         from distbelief.api import train_task
@@ -154,7 +155,20 @@ class Sweep:
                         target_accuracy=self.recipe.target_accuracy if stop_at_target else 0.0)
         n = len(self.runs) + 1
         self.log(f"[{self.figure}] run {n}: {label(method, cores)} for up to {self.recipe.max_seconds:.0f}s")
-        r = self.run_one(f"{method}-c{cores}", settings)
+        try:
+            r = self.run_one(f"{method}-c{cores}", settings)
+        except ConfigError:
+            raise  # a recipe or option error: fix it, measuring on would be pointless
+        except DistBeliefError as e:  # one failed method must not cost the sweep's other hour of measurements
+            self.log(f"[{self.figure}] {label(method, cores)} FAILED: {e}")
+            run = {"method": method, "label": label(method, cores), "cores": cores, "config": settings,
+                   "series": series_of([]), "time_to_target_s": None, "reached": False, "error": str(e),
+                   "final_test_accuracy": None, "best_test_accuracy": None, "examples_per_s": None,
+                   "wall_s": None, "stop_reason": "failed", "elapsed_s": None, "run_dir": None,
+                   "staleness_mean": None}
+            self.runs.append(run)
+            self.save()
+            return run
         series = series_of(r["metrics"])
         tta = time_to_target(series, self.recipe.target_accuracy)
         run = {"method": method, "label": label(method, cores), "cores": cores, "config": r["config"],
@@ -183,9 +197,9 @@ class Sweep:
         """Write results.json now (after every run: a sweep stopped half-way keeps what it measured)."""
         res = self.results()
         self.out.mkdir(parents=True, exist_ok=True)
-        tmp = self.out / "results.json.tmp"
+        tmp = self.out / (self.results_name + ".tmp")
         tmp.write_text(json.dumps(res, indent=2) + "\n")
-        os.replace(tmp, self.out / "results.json")
+        os.replace(tmp, self.out / self.results_name)
         return res
 
 
@@ -269,22 +283,71 @@ def fig5_core_counts(cores: int) -> list[int]:
 
 def run_fig5(out: Path, cores: int, quick: bool, methods: list[str] | None = None, log=print,
              max_seconds: float | None = None) -> dict:
-    """Each method at 1, 2, 4, ... cores, stopping at the target; write results.json and fig5.png."""
+    """Each method at 1, 2, 4, ... cores, stopping at the target; write results.json and fig5.png.
+
+    Each core count runs in a child process pinned to that many CPUs (``sched_setaffinity``), with a Ray instance
+    of its own: every process of the job — replicas, shards, the driver's evaluation, Hogwild's and DDP's workers
+    — shares those cores, so "cores used" means the whole job's, not only its replicas'.
+    """
     from distbelief.bench.plots import plot_fig5
 
     recipe = _recipe(quick, max_seconds)
     methods = _methods(recipe, methods, FIG5_METHODS)
     sweep = Sweep("fig5", recipe, out, cores, quick, log)
-    _connect_ray(cores, methods, recipe)
     sweep.warmstart()
     for c in fig5_core_counts(cores):
-        for m in methods:
-            sweep.measure(m, c, stop_at_target=True)
+        sweep.runs.extend(_pinned_group(out, c, quick, methods, recipe, sweep.warm, log))
+        sweep.save()
     res = sweep.save()
     plot_fig5(res, out / "fig5.png")
     _report_targets(res, log)
     log(f"[fig5] wrote {out / 'results.json'} and {out / 'fig5.png'}")
     return res
+
+
+def _pinned_group(out: Path, cores: int, quick: bool, methods: list[str], recipe: Recipe, warm: dict,
+                  log) -> list[dict]:
+    """Run ``methods`` at ``cores`` cores in a child process confined to the first ``cores`` CPUs."""
+    import subprocess
+    import sys
+
+    from distbelief.exceptions import DistBeliefError, RemoteTimeoutError
+
+    group = out / f"group-c{cores}.json"
+    group.unlink(missing_ok=True)
+    spec = {"out": str(out), "cores": cores, "quick": quick, "methods": methods,
+            "max_seconds": recipe.max_seconds, "warm": warm, "group": str(group)}
+    cpus = sorted(os.sched_getaffinity(0))[:cores] if hasattr(os, "sched_setaffinity") else None
+    if cpus is None:
+        log(f"[fig5] this platform cannot pin processes to CPUs: the {cores}-core runs may use more cores")
+    timeout_s = len(methods) * (recipe.max_seconds + 300.0)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "distbelief.bench.accuracy", json.dumps(spec)],
+                              timeout=timeout_s, preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
+    except subprocess.TimeoutExpired:
+        raise RemoteTimeoutError(f"the fig5 runs at {cores} cores did not finish within {timeout_s:.0f}s") from None
+    runs = json.loads(group.read_text())["runs"] if group.is_file() else []
+    if proc.returncode != 0:
+        raise DistBeliefError(f"the fig5 runs at {cores} cores failed (exit status {proc.returncode}) after "
+                              f"{len(runs)} of {len(methods)} methods; see the messages above")
+    for r in runs:
+        r["pinned_cpus"] = cpus
+    group.unlink(missing_ok=True)
+    return runs
+
+
+def _group_main(spec: dict) -> None:
+    """Child side of :func:`_pinned_group`: run the methods, write the group's runs."""
+    import sys
+
+    recipe = _recipe(spec["quick"], spec["max_seconds"])
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    sweep = Sweep("fig5", recipe, Path(spec["out"]), spec["cores"], spec["quick"], log,
+                  results_name=Path(spec["group"]).name)
+    sweep.warm = spec["warm"]
+    _connect_ray(spec["cores"], spec["methods"], recipe)
+    for m in spec["methods"]:
+        sweep.measure(m, spec["cores"], stop_at_target=True)
 
 
 def _recipe(quick: bool, max_seconds: float | None) -> Recipe:
@@ -319,3 +382,9 @@ def _report_targets(res: dict, log) -> None:
         state = {True: "MET", False: "NOT MET", None: "not measured"}[t["met"]]
         value = "-" if t["ratio"] is None else f"{t['ratio']:.2f}"
         log(f"[{res['figure']}] target {state}: {t['description']} (ratio {value}, threshold {t['threshold']})")
+
+
+if __name__ == "__main__":  # a fig5 core-count group, started by _pinned_group
+    import sys
+
+    _group_main(json.loads(sys.argv[1]))

@@ -26,9 +26,15 @@ warnings.filterwarnings("ignore", message="The given (NumPy array|buffer) is not
 
 
 def _all_finite(g: torch.Tensor) -> bool:
-    """True iff no element is NaN or +-Inf. A float64 sum of float32 values cannot overflow, so the sum is
-    finite exactly when every element is — one streaming pass, ~15x cheaper than ``isfinite(g).all()``."""
-    return bool(torch.isfinite(g.sum(dtype=torch.float64)))
+    """True iff no element is NaN or +-Inf.
+
+    A NaN or Inf element makes the sum non-finite, so a finite float32 sum proves every element finite: one
+    vectorised pass (0.15 ms for 2.3M floats here, vs 2.3 ms for a float64 sum and ~15 ms for
+    ``isfinite(g).all()``). Only a non-finite sum — a bad push, or finite values so large that their float32 sum
+    overflows — pays for the exact element-wise check."""
+    if bool(torch.isfinite(g.sum())):
+        return True
+    return bool(torch.isfinite(g).all())
 
 
 def _as_tensor(a) -> torch.Tensor:

@@ -36,6 +36,15 @@ def test_non_finite_push_is_rejected_and_counted(bad):
     assert version == 0 and s.rejected_pushes == 1 and np.isfinite(values).all() and not values.any()
 
 
+def test_huge_but_finite_push_is_applied_although_its_float32_sum_overflows():
+    s = make_shard(opt=SGD(lr=1e-30))
+    g = np.full(30, 3e38, np.float32)  # every element finite; their float32 sum is +inf
+    s.push(0, g, 0, 0)
+    values, version = s.fetch(0)
+    assert version == 1 and s.rejected_pushes == 0
+    np.testing.assert_allclose(values, np.full(10, -3e8, np.float32), rtol=1e-6)
+
+
 def test_wrongly_sized_or_typed_push_is_rejected():
     s = make_shard()
     s.push(0, np.ones(31, np.float32), 0, 0)  # past the model's end
