@@ -38,6 +38,13 @@ def variants(cores: int) -> dict[str, dict]:
         "downpour-adagrad g=0.5 n=4 a=0.5": m("downpour-adagrad", lr=0.5, adagrad_initial_accumulator=0.1,
                                               fetch_every=4, push_every=4, local_lr=0.5),
         "downpour-adagrad g=0.3 n=1 k=1": m("downpour-adagrad", lr=0.3, adagrad_initial_accumulator=0.1, shards=1),
+        "downpour-adagrad g=0.5 n=1 sync-fetch": m("downpour-adagrad", lr=0.5, adagrad_initial_accumulator=0.1,
+                                                   overlap=False),
+        "downpour-adagrad g=0.3 n=1 sync-fetch": m("downpour-adagrad", lr=0.3, adagrad_initial_accumulator=0.1,
+                                                   overlap=False),
+        "downpour-adagrad g=1 n=1 sync-fetch": m("downpour-adagrad", lr=1.0, adagrad_initial_accumulator=0.1,
+                                                 overlap=False),
+        "downpour-sgd lr=2 n=1 sync-fetch": m("downpour-sgd", lr=2.0, overlap=False),
         "downpour-sgd lr=1 n=1": m("downpour-sgd", lr=1.0),
         "downpour-sgd lr=2 n=1": m("downpour-sgd", lr=2.0),
         "hogwild lr=2": m("hogwild", lr=2.0),
@@ -45,6 +52,7 @@ def variants(cores: int) -> dict[str, dict]:
         "ddp lr=4": m("ddp", lr=4.0),
         "sandblaster b=16384": m("sandblaster"),
         "sandblaster b=4096": m("sandblaster", batch_size=4096, portion_size=512),
+        "sandblaster b=2048": m("sandblaster", batch_size=2048, portion_size=256),
     }
 
 
