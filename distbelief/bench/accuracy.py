@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -113,7 +114,8 @@ def method_settings(recipe: Recipe, method: str, cores: int) -> dict[str, Any]:
 
 
 def label(method: str, cores: int) -> str:
-    return LABELS[method].format(c=cores)
+    text = LABELS[method].format(c=cores)
+    return re.sub(r"\b1 (thread|replica|rank|worker)s\b", r"1 \1", text)
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 
@@ -64,6 +65,12 @@ def plot_fig4(results: dict, out_png: Path) -> Path:
     return out_png
 
 
+def method_name(run_label: str) -> str:
+    """A run's label without its worker count ("Downpour + Adagrad, 2 replicas" -> "Downpour + Adagrad"): on
+    Fig. 5 the count is the x axis."""
+    return re.sub(r",? \d+ (threads?|replicas?|ranks?|workers?)\b", "", run_label)
+
+
 def plot_fig5(results: dict, out_png: Path) -> Path:
     """Time to reach the target accuracy vs cores used, per method. A run that missed the target within its
     budget is drawn as an open marker at the budget, with an upward arrow: it is a lower bound, not a value."""
@@ -76,12 +83,13 @@ def plot_fig5(results: dict, out_png: Path) -> Path:
     for runs in by_method.values():
         runs = sorted(runs, key=lambda r: r["cores"])
         reached = [r for r in runs if r["time_to_target_s"] is not None]
+        name = method_name(runs[0]["label"])
         line, = ax.plot([r["cores"] for r in reached], [r["time_to_target_s"] for r in reached], marker="o",
-                        label=runs[0]["label"])
+                        label=name)
         missed = [r for r in runs if r["time_to_target_s"] is None]
         if missed:
             if not reached:
-                line.set_label(f"{runs[0]['label']} (missed)")
+                line.set_label(f"{name} (missed)")
             ax.plot([r["cores"] for r in missed], [budget] * len(missed), marker="^", ls="none",
                     markerfacecolor="none", markersize=9, color=line.get_color())
     ax.axhline(budget, ls=":", color="grey", lw=1, label=f"budget {budget:.0f}s (open ^ = missed)")
@@ -91,6 +99,7 @@ def plot_fig5(results: dict, out_png: Path) -> Path:
     ax.set_xticks(cores, [str(c) for c in cores])
     ax.set(xlabel="cores used", ylabel=f"time to {results['target_accuracy']:.3f} test accuracy (s)",
            title=f"Fig. 5 on this machine: {results['recipe']['label']}")
+    ax.title.set_fontsize(9)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7)
     fig.tight_layout()

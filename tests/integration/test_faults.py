@@ -41,8 +41,8 @@ class TestRayFaults:
         yield
         ray.shutdown()
 
-    @pytest.mark.parametrize("attempt", range(3))  # repeated to flush out races
+    @pytest.mark.parametrize("attempt", range(2))  # repeated, at different moments, to flush out races
     def test_ray_shard_process_killed_mid_run(self, tmp_path, attempt):
-        res = train_task(shard_kill_config(tmp_path, "ray", kill_shard_after_s=2 + attempt), quiet=True)
+        res = train_task(shard_kill_config(tmp_path, "ray", kill_shard_after_s=2 + 2 * attempt), quiet=True)
         assert_recovered(res.summary)
         assert res.summary["shard_recovery_s"][0] < 30

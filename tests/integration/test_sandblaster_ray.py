@@ -70,13 +70,13 @@ def test_ray_mnist1d_mlp_reaches_80_percent(tmp_path):
     # Mini-batch L-BFGS (8,000 of the 32,000 training examples per iteration; two passes per iteration) reaches
     # 80% in ~130-150 iterations; full batch needs about as many iterations at twice the cost per iteration.
     cfg = RunConfig(runtime="ray", strategy="sandblaster", task="mnist1d", model="mlp", num_samples=40000,
-                    replicas=2, shards=2, batch_size=8000, portion_size=500, push_every_portions=4, history=20,
+                    replicas=2, shards=2, batch_size=8000, portion_size=1000, push_every_portions=2, history=20,
                     max_seconds=240, target_accuracy=0.80, eval_every_seconds=3, out=str(tmp_path / "run"))
     train_task(cfg, quiet=True)
     summary, _ = check_run_dir(tmp_path / "run", "sandblaster")
     assert summary["runtime"] == "ray" and summary["final_test_accuracy"] >= 0.80
     assert summary["stop_reason"] == "target accuracy reached"
-    assert summary["portions_done"] == 16 * summary["gradient_evals"]
+    assert summary["portions_done"] == 8 * summary["gradient_evals"]
 
 
 def test_ray_shard_process_killed_mid_iteration_is_restarted_and_oracle_holds(runtime, logreg, tmp_path):
