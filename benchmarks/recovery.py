@@ -50,7 +50,7 @@ def main() -> None:
     # The runs' own directories (checkpoints, logs) are scratch: only the summary JSON is kept.
     scratch = tempfile.TemporaryDirectory(prefix="distbelief-recovery-")
     work = Path(scratch.name)
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, logging_level="ERROR")
+    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, logging_level="ERROR")
     rows = [
         run("undisturbed", args.seconds, args.kill_at, work),
         run("shard-kill", args.seconds, args.kill_at, work, kill_shard_after_s=args.kill_at, kill_shard_id=1),

@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 @pytest.fixture(scope="module", autouse=True)
 def ray_instance():
-    ray.init(num_cpus=4, include_dashboard=False, logging_level="ERROR")
+    ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level="ERROR")
     yield
     ray.shutdown()
 
@@ -53,7 +53,7 @@ def test_ray_one_replica_matches_inprocess_exactly(toy_data):
 
 
 def test_ray_replica_process_killed_mid_run_is_restarted(tmp_path):
-    cfg = RunConfig(runtime="ray", replicas=2, shards=2, max_seconds=15, kill_replica_after_s=4,
+    cfg = RunConfig(runtime="ray", replicas=2, shards=2, max_seconds=12, kill_replica_after_s=3,
                     kill_replica_id=1, eval_every_seconds=2, batch_size=64, out=str(tmp_path / "run"))
     res = train_task(cfg, quiet=True)
     assert res.summary["replica_restarts"] == 1

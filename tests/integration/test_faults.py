@@ -15,12 +15,12 @@ def shard_kill_config(tmp_path, runtime, **kw):
     return RunConfig(**settings)
 
 
-def assert_recovered(summary):
+def assert_recovered(summary, target=0.78):
     assert summary["shard_restarts"] == 1
     assert summary["updates_lost"] == 0
     # The run reached its target after the kill (final accuracy is measured a moment later and may wobble).
     assert summary["stop_reason"] == "target accuracy reached"
-    assert summary["best_test_accuracy"] >= 0.78 and summary["time_to_target_s"] > 0
+    assert summary["best_test_accuracy"] >= target and summary["time_to_target_s"] > 0
     # Every push went to both shards: with nothing lost or applied twice, their update counts agree.
     assert summary["updates_per_shard"][0] == summary["updates_per_shard"][1]
     assert summary["rejected_pushes"] == 0
@@ -37,12 +37,14 @@ def test_inprocess_shard_killed_is_restored_from_checkpoint_and_log(tmp_path):
 class TestRayFaults:
     @pytest.fixture(scope="class", autouse=True)
     def ray_instance(self):
-        ray.init(num_cpus=4, include_dashboard=False, logging_level="ERROR")
+        ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level="ERROR")
         yield
         ray.shutdown()
 
     @pytest.mark.parametrize("attempt", range(2))  # repeated, at different moments, to flush out races
     def test_ray_shard_process_killed_mid_run(self, tmp_path, attempt):
-        res = train_task(shard_kill_config(tmp_path, "ray", kill_shard_after_s=2 + 2 * attempt), quiet=True)
-        assert_recovered(res.summary)
+        # target 0.72 (chance is 0.1): reached well after the kill at 2-4 s, sooner than 0.78 on a busy 2-core box
+        res = train_task(shard_kill_config(tmp_path, "ray", kill_shard_after_s=2 + 2 * attempt,
+                                           target_accuracy=0.72), quiet=True)
+        assert_recovered(res.summary, target=0.72)
         assert res.summary["shard_recovery_s"][0] < 30

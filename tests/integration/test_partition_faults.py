@@ -93,7 +93,7 @@ def test_inprocess_shard_killed_during_partitioned_run():
 
 @pytest.fixture(scope="module")
 def ray_instance():
-    ray.init(num_cpus=4, include_dashboard=False, logging_level="ERROR")
+    ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level="ERROR")
     yield
     ray.shutdown()
 

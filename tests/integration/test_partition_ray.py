@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(240)]
 
 @pytest.fixture(scope="module", autouse=True)
 def ray_instance():
-    ray.init(num_cpus=4, include_dashboard=False, logging_level="ERROR")
+    ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level="ERROR")
     yield
     ray.shutdown()
 
