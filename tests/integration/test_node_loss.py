@@ -40,7 +40,7 @@ def test_losing_the_node_of_a_shard_and_replicas_the_run_still_reaches_its_targe
 
     # Shards ask for half a CPU so that they are placed on the worker nodes (not the driver's head node):
     # 3 replicas + 2 shards fill both 2-CPU nodes, so one node necessarily hosts a shard and a replica.
-    # Target 0.72 (chance is 0.1): 3 stale replicas on 2 cores take ~45 s to it, including the ~10 s the node's
+    # Target 0.72 (chance is 0.1): 3 stale replicas on 2 cores took 30-50 s to it here, including the ~10 s the node's
     # loss costs (actors failing, a new node's workers starting, the shard restored from its checkpoint + log).
     runtime = RayRuntime(shard_cpus=0.5, remote_timeout_s=120)
     cfg = RunConfig(runtime="ray", replicas=3, shards=2, batch_size=128, max_seconds=150, target_accuracy=0.72,
