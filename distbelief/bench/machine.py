@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import platform
 import sys
@@ -25,11 +26,9 @@ def machine_info() -> dict[str, Any]:
     import numpy
     import torch
 
-    try:
-        import ray
-
-        ray_version = ray.__version__
-    except ImportError:  # pragma: no cover - ray is a dependency
+    try:  # the installed package's metadata: the engine itself is imported only in distbelief/runtime/
+        ray_version = importlib.metadata.version("ray")
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - ray is a dependency
         ray_version = None
     try:
         mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
