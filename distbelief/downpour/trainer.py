@@ -342,6 +342,10 @@ class ParameterServerTrainer:
             "bytes_pushed": sum(s["bytes_pushed"] for s in stats),
             "bytes_fetched": sum(s["bytes_fetched"] for s in stats),
         }
+        live = [st.last_stats for st in self.replicas.values() if st.last_stats and "wait_s" in st.last_stats]
+        if live:  # where the replicas' time goes: computing gradients vs waiting for fetches and pushes
+            rec["replica_compute_s"] = round(sum(s["compute_s"] for s in live), 3)
+            rec["replica_wait_s"] = round(sum(s["wait_s"] for s in live), 3)
         if self.cfg.partitions > 1:
             from distbelief.partition.replica import messaging_metrics
 

@@ -39,6 +39,9 @@ def test_mnist1d_two_replicas_two_shards_adagrad_reaches_80_percent(tmp_path):
     assert len(summary["updates_per_shard"]) == 2
     assert lines[-1]["updates"] == summary["updates"]
     assert res.summary == summary
+    # where the replicas' time went is recorded once they have reported stats
+    late = [rec for rec in lines if "replica_compute_s" in rec]
+    assert late and late[-1]["replica_compute_s"] > 0 and late[-1]["replica_wait_s"] >= 0
 
 
 def test_warmstart_runs_one_replica_first(tmp_path):
