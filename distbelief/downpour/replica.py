@@ -10,6 +10,10 @@
 Fetch and push are asynchronous handles from a ShardClient (the runtime supplies it): a push is in flight while
 the next gradient is computed, and with ``overlap`` the next fetch is too, so the replica's compute never waits
 for a round trip unless the network is slower than a step. At most one push is in flight (back-pressure).
+
+Without prefetch, fetching before every step and pushing after it (the fig. 4 recipe), a step's push and the
+next step's fetch travel as one call per shard (``ShardClient.push_fetch_async``); where the client offers shared
+buffers, the model's parameters and gradients are those buffers, so neither side copies the vector in between.
 """
 
 from __future__ import annotations
@@ -60,7 +64,13 @@ class ModelReplica:
         self.client = client
         self.settings = settings
         self.loss_fn = loss_fn
-        self.flat, self.grads = bind_flat(model)  # parameters and .grad are views into these
+        # Fused push-fetch loop: one call per shard per step instead of two (see the module docstring).
+        self.fused = not settings.overlap and settings.fetch_every == 1 and settings.push_every == 1
+        shared = client.shared_buffers() if self.fused and hasattr(client, "shared_buffers") else None
+        if shared is not None:
+            self.flat, self.grads = bind_flat(model, *(torch.from_numpy(b) for b in shared))
+        else:
+            self.flat, self.grads = bind_flat(model)  # parameters and .grad are views into these
         self.accrued = torch.zeros_like(self.grads)
         self._stop = threading.Event()
         self._killed = False
@@ -99,7 +109,9 @@ class ModelReplica:
         t0 = time.perf_counter()
         parts, versions = fetched.result(self.settings.remote_timeout_s)
         for lo, values in parts:
-            self.flat[lo : lo + len(values)].copy_(torch.as_tensor(values))
+            src, dst = torch.as_tensor(values), self.flat[lo : lo + len(values)]
+            if src.data_ptr() != dst.data_ptr():  # not already in place (a shard wrote our shared buffer)
+                dst.copy_(src)
         self.wait_s += time.perf_counter() - t0
         return versions
 
@@ -149,7 +161,11 @@ class ModelReplica:
             self.compute_s += time.perf_counter() - t0
 
             if acc_count == s.push_every:
-                pending_push = self._push(pending_push, acc_versions, acc_examples)
+                if self.fused and local_step + 1 < limit:  # the next parameters come back with the push's reply
+                    pending_fetch = self.client.push_fetch_async(self.grads, acc_versions, acc_examples)
+                    self.pushes += 1
+                else:
+                    pending_push = self._push(pending_push, acc_versions, acc_examples)
                 acc_count = acc_examples = 0
             local_step += 1
             self.steps += 1

@@ -91,17 +91,23 @@ def unflatten_into(model: torch.nn.Module, flat: torch.Tensor) -> None:
         raise ValueError(f"flat vector has {flat.numel()} elements but the model has {offset} parameters")
 
 
-def bind_flat(model: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+def bind_flat(model: torch.nn.Module, flat: torch.Tensor | None = None,
+              grads: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Make every parameter (and its ``.grad``) a view into one flat buffer.
 
     Returns ``(flat_params, flat_grads)``. Writing into ``flat_params`` changes the model; ``backward()``
     accumulates straight into ``flat_grads`` (autograd adds into an existing ``.grad`` in place), so a replica
-    never gathers per-tensor gradients before a push.
+    never gathers per-tensor gradients before a push. ``flat`` / ``grads``: 1-D float32 buffers to use (e.g.
+    shared memory a shard writes fetches into); the model's current values are copied into ``flat``.
     """
     params = list(model.parameters())
     total = sum(p.numel() for p in params)
-    flat = torch.empty(total, dtype=torch.float32)
-    grads = torch.zeros(total, dtype=torch.float32)
+    for name, buf in (("flat", flat), ("grads", grads)):
+        if buf is not None and (buf.dtype != torch.float32 or buf.dim() != 1 or buf.numel() != total):
+            raise ValueError(f"bind_flat: {name} must be a 1-D float32 tensor of {total} elements, "
+                             f"got {buf.dtype} of shape {tuple(buf.shape)}")
+    flat = torch.empty(total, dtype=torch.float32) if flat is None else flat
+    grads = torch.zeros(total, dtype=torch.float32) if grads is None else grads.zero_()
     offset = 0
     for p in params:
         n = p.numel()

@@ -29,6 +29,22 @@ class Future(ABC):
         return self.result(3600.0)
 
 
+class _Chained(Future):
+    """A push followed by a fetch issued right after it (the default ``push_fetch_async``): the result is the
+    fetch's, once both are done, within one overall timeout."""
+
+    def __init__(self, push: Future, fetch: Future):
+        self.push, self.fetch = push, fetch
+
+    def result(self, timeout_s: float):
+        deadline = time.monotonic() + timeout_s
+        self.push.result(timeout_s)
+        return self.fetch.result(max(0.0, deadline - time.monotonic()))
+
+    def done(self) -> bool:
+        return self.push.done() and self.fetch.done()
+
+
 class Role:
     """A placed role: its kind ("shard", "replica"), id, and the runtime's private handle."""
 
@@ -98,6 +114,21 @@ class ShardClient(ABC):
 
     @abstractmethod
     def push_async(self, grad, versions: Sequence[int] | None, num_examples: int) -> Future: ...
+
+    def push_fetch_async(self, grad, versions: Sequence[int] | None, num_examples: int) -> Future:
+        """Push, then fetch the parameters that result: ``result`` is the fetch's ``(parts, versions)``.
+
+        A replica that fetches before every step and pushes after it (no prefetch) issues this instead of a push
+        and the next step's fetch. Each shard sees the fetch right after the push (calls from one caller to one
+        shard run in order), as if the two were sent separately; runtimes that can, do both in one call per
+        shard. Until ``result`` returns, the caller must leave ``grad`` unchanged (it may be read in place)."""
+        return _Chained(self.push_async(grad, versions, num_examples), self.fetch_async())
+
+    def shared_buffers(self):
+        """``(params, grads)``: float32 numpy buffers that fetches write into and pushes may read from in place,
+        or None. A replica in the fused push-fetch loop binds its model to them and so skips two copies of the
+        parameter vector per step."""
+        return None
 
 
 class Runtime(ABC):

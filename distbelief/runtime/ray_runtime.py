@@ -84,6 +84,9 @@ class RoleActor:
     def fetch_shm(self, path: str, size: int, replica_id: int):
         return self._shm.fetch(self.obj, path, size, replica_id)
 
+    def push_fetch_shm(self, push_path: str, fetch_path: str, size: int, *push_args):
+        return self._shm.push_fetch(self.obj, push_path, fetch_path, size, *push_args)
+
     def pid(self) -> int:
         return os.getpid()
 
@@ -128,7 +131,8 @@ class _ShardCalls(Future):
 
     def __init__(self, client: "RayShardClient", method: str, args: list[tuple], transform=None,
                  actor_method: str = "call"):
-        """``actor_method``: "call" runs ``method`` on the shard object; "push_shm" / "fetch_shm" are the
+        """``actor_method``: "call" runs ``method`` on the shard object; "push_shm" / "fetch_shm" /
+        "push_fetch_shm" are the
         shared-memory data plane's actor methods (``method`` then only names the call in errors)."""
         self.client, self.method, self.args, self.transform = client, method, args, transform
         self.actor_method = actor_method
@@ -208,6 +212,32 @@ class RayShardClient(ShardClient):
             return [(lo, v[0]) for lo, v in zip(los, values)], [v[1] for v in values]
 
         return _ShardCalls(self, "fetch", [(self.replica_id,)] * len(self.handles), transform=split)
+
+    def shared_buffers(self):
+        if not self.shm_paths:
+            return None
+        return self._shm_bufs["fetch"], self._shm_bufs["push0"]
+
+    def push_fetch_async(self, grad, versions, num_examples: int) -> Future:
+        if not self.shm_paths:
+            return super().push_fetch_async(grad, versions, num_examples)
+        g = grad.numpy() if hasattr(grad, "numpy") else grad
+        n = len(self.handles)
+        vs = [versions[k] if versions else 0 for k in range(n)]
+        seq = self.next_seq()
+        push_buf, fetch_buf = self._shm_bufs["push0"], self._shm_bufs["fetch"]
+        if g.ctypes.data != push_buf.ctypes.data:  # a replica bound to shared_buffers() computed it in place
+            np.copyto(push_buf, g)
+        self._next_push_buf = 1  # a plain push after this one must not reuse push0 while a shard may read it
+        args = [(self.shm_paths["push0"], self.shm_paths["fetch"], self.layout.total, self.replica_id, 0, vs[k],
+                 num_examples, self.session, seq) for k in range(n)]
+        bounds = [self.layout.range(k) for k in range(n)]
+
+        def unpack(replies):
+            self._ack([r[0] for r in replies])
+            return [(lo, fetch_buf[lo:hi]) for lo, hi in bounds], [r[1] for r in replies]
+
+        return _ShardCalls(self, "push+fetch", args, transform=unpack, actor_method="push_fetch_shm")
 
     def push_async(self, grad, versions, num_examples: int) -> Future:
         g = grad.numpy() if hasattr(grad, "numpy") else grad

@@ -10,7 +10,9 @@ failures, timeouts and restarts are Ray's, as before); only the bulk bytes take 
 The protocol's safety rests on the replica loop's own discipline (downpour/replica.py): at most one push is in
 flight and a new push starts only after the previous one was acknowledged by every shard, so a push buffer is
 never rewritten while a shard may still read it (two alternate anyway); and a fetch buffer is read (copied into
-the model) before the next fetch is issued. A push re-sent to a restarted shard reads the same, unchanged buffer.
+the model) before the next fetch is issued. In the fused push-fetch loop (``push_fetch_shm``, one call per shard
+per step) the replica's model parameters and gradients *are* the fetch buffer and a push buffer: the replica
+computes only between two fused calls, and a shard writes or reads them only during one. A push re-sent to a restarted shard reads the same, unchanged buffer.
 
 Buffers are files named ``<prefix>-...`` in ``/dev/shm``; the runtime that owns the prefix removes them all at
 shutdown, whichever processes died on the way.
@@ -78,6 +80,11 @@ class Attached:
     def push(self, shard, path: str, size: int, replica_id: int, *args) -> int:
         """``shard.push`` reading the gradient from the replica's buffer (the shard reads only its range)."""
         return shard.push(replica_id, self.get(path, size), *args)
+
+    def push_fetch(self, shard, push_path: str, fetch_path: str, size: int, replica_id: int, *args):
+        """``push`` then ``fetch`` in one call: ``(version after the push, version fetched)``."""
+        pushed = self.push(shard, push_path, size, replica_id, *args)
+        return pushed, self.fetch(shard, fetch_path, size, replica_id)
 
     def fetch(self, shard, path: str, size: int, replica_id: int) -> int:
         """Copy the shard's parameter slice into the replica's buffer, at its flat offset; return the version."""
