@@ -54,3 +54,28 @@ def test_bind_flat_makes_parameters_and_grads_views():
     model(torch.randn(4, 7)).sum().backward()
     assert grads.abs().sum() > 0
     assert torch.equal(torch.cat([p.grad.reshape(-1) for p in model.parameters()]), grads)
+
+
+def test_bind_flat_onto_given_buffers_keeps_values_and_zeroes_grads():
+    model = OddModel()
+    before = flatten(model)
+    n = before.numel()
+    flat_buf, grad_buf = torch.full((n,), 7.0), torch.full((n,), 3.0)
+    flat, grads = bind_flat(model, flat_buf, grad_buf)
+    assert flat.data_ptr() == flat_buf.data_ptr() and grads.data_ptr() == grad_buf.data_ptr()
+    assert torch.equal(flat_buf, before) and not grad_buf.any()
+    flat_buf.mul_(2.0)  # a shard writing a fetch into the buffer changes the model with no copy
+    assert torch.equal(flatten(model), before * 2.0)
+    model(torch.randn(4, 7)).sum().backward()
+    assert torch.equal(torch.cat([p.grad.reshape(-1) for p in model.parameters()]), grad_buf)
+
+
+@pytest.mark.parametrize("bad", [torch.zeros(3), torch.zeros(10, dtype=torch.float64), torch.zeros(2, 5)])
+def test_bind_flat_rejects_a_buffer_of_the_wrong_size_or_type(bad):
+    model = OddModel()
+    n = flatten(model).numel()
+    bad = torch.zeros(n, dtype=torch.float64) if bad.dtype == torch.float64 else bad
+    with pytest.raises(ValueError, match=f"1-D float32 tensor of {n} elements"):
+        bind_flat(model, bad)
+    with pytest.raises(ValueError, match="grads"):
+        bind_flat(model, None, bad)
