@@ -1,4 +1,5 @@
 import os
+import signal
 
 import pytest
 import torch
@@ -10,6 +11,11 @@ def pytest_configure(config):
     # Workers inherit this: keep each test process from oversubscribing the 2 cores.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
+    # A non-interactive shell starts background jobs (`pytest ... &`, nohup) with SIGINT ignored, and the
+    # processes they start inherit that: Ctrl-C would never reach the runs the Ctrl-C tests interrupt. Behave as
+    # on a terminal; a handled (not ignored) signal is reset to the default in every child at exec.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 class OddModel(nn.Module):
