@@ -71,12 +71,14 @@ class ModelReplica:
             self.flat, self.grads = bind_flat(model, *(torch.from_numpy(b) for b in shared))
         else:
             self.flat, self.grads = bind_flat(model)  # parameters and .grad are views into these
+        self.zero_copy = shared is not None
         self.accrued = torch.zeros_like(self.grads)
         self._stop = threading.Event()
         self._killed = False
         self.steps = 0
         self.examples = 0
         self.pushes = 0
+        self.push_fetches = 0  # pushes sent fused with the next fetch
         self.loss_ema = math.nan
         self.compute_s = 0.0
         self.wait_s = 0.0
@@ -99,6 +101,8 @@ class ModelReplica:
             "steps": self.steps,
             "examples": self.examples,
             "pushes": self.pushes,
+            "push_fetches": self.push_fetches,
+            "zero_copy": self.zero_copy,
             "loss_ema": self.loss_ema,
             "compute_s": self.compute_s,
             "wait_s": self.wait_s,
@@ -164,6 +168,7 @@ class ModelReplica:
                 if self.fused and local_step + 1 < limit:  # the next parameters come back with the push's reply
                     pending_fetch = self.client.push_fetch_async(self.grads, acc_versions, acc_examples)
                     self.pushes += 1
+                    self.push_fetches += 1
                 else:
                     pending_push = self._push(pending_push, acc_versions, acc_examples)
                 acc_count = acc_examples = 0

@@ -621,6 +621,9 @@ class ParameterServerTrainer:
             "updates": sum(s["updates"] for s in stats),
             "updates_per_shard": [s["updates"] for s in stats],
             "steps_per_replica": [st.steps for st in self.replicas.values()],
+            # the data plane of the replicas' latest incarnations: fused push+fetch calls, models in shared memory
+            "push_fetch_calls": sum(st.last_stats.get("push_fetches", 0) for st in self.replicas.values()),
+            "replicas_zero_copy": sum(bool(st.last_stats.get("zero_copy")) for st in self.replicas.values()),
             "staleness_mean": sum(s["staleness_sum"] for s in stats) / count if count else 0.0,
             "staleness_max": max(s["staleness_max"] for s in stats),
             "rejected_pushes": sum(s["rejected_pushes"] for s in stats),

@@ -108,6 +108,9 @@ def test_fused_push_fetch_loop_equals_separate_calls_bit_for_bit(toy_data):
     separate = train(make_odd_model, toy_data[0], toy_data[1], runtime="inprocess", **kw)
     assert torch.equal(fused.flat_params, separate.flat_params)
     assert fused.summary["updates_per_shard"] == separate.summary["updates_per_shard"] == [20] * 3
+    # every push but the last went with the next fetch; only the shared-memory replica computed in place
+    assert fused.summary["push_fetch_calls"] == separate.summary["push_fetch_calls"] == 19
+    assert fused.summary["replicas_zero_copy"] == 1 and separate.summary["replicas_zero_copy"] == 0
 
 
 def test_ray_shared_memory_plane_survives_a_shard_kill(toy_data, tmp_path):

@@ -33,17 +33,18 @@ def test_losing_the_node_of_a_shard_and_replicas_the_run_still_reaches_its_targe
         shard_nodes = {rt.node_of(s) for s in trainer.shards}
         replica_nodes = [rt.node_of(r.role) for r in trainer.replicas.values()]
         node = next(n for n in nodes if n.node_id in shard_nodes and n.node_id in replica_nodes)
-        removed.update(node=node.node_id, replicas=replica_nodes.count(node.node_id),
+        removed.update(node=node.node_id, wall_s=record["wall_s"], replicas=replica_nodes.count(node.node_id),
                        shards=sum(rt.node_of(s) == node.node_id for s in trainer.shards))
         c.remove_node(node)
         nodes.append(c.add_node(num_cpus=2))  # capacity comes back, as an autoscaler would bring it
 
     # Shards ask for half a CPU so that they are placed on the worker nodes (not the driver's head node):
     # 3 replicas + 2 shards fill both 2-CPU nodes, so one node necessarily hosts a shard and a replica.
-    # Target 0.72 (chance is 0.1): 3 stale replicas on 2 cores took 30-50 s to it here, including the ~10 s the node's
-    # loss costs (actors failing, a new node's workers starting, the shard restored from its checkpoint + log).
+    # Target 0.65 (chance is 0.1), reached only after the loss: 3 stale replicas on 2 cores took 30-50 s to 0.72 here,
+    # including the ~10 s the node's loss costs (actors failing, a new node's workers starting, the shard restored
+    # from its checkpoint + log); the node goes at 3 s, long before 0.65.
     runtime = RayRuntime(shard_cpus=0.5, remote_timeout_s=120)
-    cfg = RunConfig(runtime="ray", replicas=3, shards=2, batch_size=128, max_seconds=150, target_accuracy=0.72,
+    cfg = RunConfig(runtime="ray", replicas=3, shards=2, batch_size=128, max_seconds=150, target_accuracy=0.65,
                     eval_every_seconds=1.5, checkpoint_every_seconds=1, out=str(tmp_path / "run"))
     try:
         res = train_task(cfg, quiet=True, runtime=runtime, callbacks=[remove_node_of_a_shard_and_a_replica])
@@ -54,4 +55,5 @@ def test_losing_the_node_of_a_shard_and_replicas_the_run_still_reaches_its_targe
     assert removed["shards"] >= 1 and removed["replicas"] >= 1
     assert s["shard_restarts"] == removed["shards"] and s["updates_lost"] == 0
     assert s["replica_restarts"] == removed["replicas"] and s["replicas_lost"] == 0
-    assert s["stop_reason"] == "target accuracy reached" and s["best_test_accuracy"] >= 0.72
+    assert s["stop_reason"] == "target accuracy reached" and s["best_test_accuracy"] >= 0.65
+    assert s["time_to_target_s"] > removed["wall_s"]  # the target was reached after the loss, not before
