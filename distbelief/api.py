@@ -135,7 +135,7 @@ def train(
     if cfg.strategy not in ("sgd", *LOCAL_STRATEGIES) and cfg.shards > n_params:
         raise ConfigError("shards", f"{cfg.shards} shards for a model with only {n_params} parameters")
 
-    from distbelief.downpour.trainer import Job, ParameterServerTrainer, materialize
+    from distbelief.downpour.trainer import Job, materialize
 
     if resume and cfg.strategy == "sgd":
         raise ConfigError("resume", "single-process sgd runs keep no checkpoints; resume a downpour, sync or "
@@ -154,6 +154,28 @@ def train(
         train_probe = compact_subset(ds, pick[: cfg.train_eval_samples].tolist())
     job = Job(cfg, model_fn, train_data, test_data, loss_fn, _resolve_threads(cfg), train_probe)
     recorder = RunRecorder(cfg.out or None, cfg.to_dict(), quiet=quiet, write_config=not resume)
+    threads_before = torch.get_num_threads()
+    try:
+        summary, flat = _run_strategy(job, recorder, runtime, resume, callbacks)
+    finally:
+        torch.set_num_threads(threads_before)  # runs set this process's torch threads; the caller gets its own back
+    model = model_fn()
+    from distbelief.ps.sharding import unflatten_into
+
+    unflatten_into(model, flat)
+    recorder.finish(summary, flat)
+    recorder.log(
+        f"done: {summary['stop_reason']}; final test accuracy {summary['final_test_accuracy']:.4f} "
+        f"(best {summary['best_test_accuracy']:.4f}) in {summary['wall_s']:.1f}s, "
+        f"{summary['examples_per_s']:,.0f} examples/s"
+        + (f"; run directory {recorder.out_dir}" if recorder.out_dir else "")
+    )
+    return TrainResult(summary, recorder.records, flat, model, recorder.out_dir)
+
+
+def _run_strategy(job, recorder, runtime, resume: bool, callbacks) -> tuple[dict, "torch.Tensor"]:
+    """Run ``job`` with its strategy (on ``runtime``, or one made and shut down here); ``(summary, flat)``."""
+    cfg = job.cfg
     if cfg.strategy == "sgd" and cfg.partitions > 1:
         # the paper's single replica split over P partition workers, no parameter server
         from distbelief.partition.baseline import run_partitioned_sgd
@@ -187,6 +209,8 @@ def train(
 
                 trainer = SandblasterTrainer(job, runtime, recorder, resume=resume)
             else:
+                from distbelief.downpour.trainer import ParameterServerTrainer
+
                 trainer = ParameterServerTrainer(job, runtime, recorder, resume=resume, callbacks=callbacks)
             recorder.write_config()  # a resume's overrides were accepted by the trainer's checks
             summary = trainer.run()
@@ -194,18 +218,7 @@ def train(
         finally:
             if own_runtime:
                 runtime.shutdown()
-    model = model_fn()
-    from distbelief.ps.sharding import unflatten_into
-
-    unflatten_into(model, flat)
-    recorder.finish(summary, flat)
-    recorder.log(
-        f"done: {summary['stop_reason']}; final test accuracy {summary['final_test_accuracy']:.4f} "
-        f"(best {summary['best_test_accuracy']:.4f}) in {summary['wall_s']:.1f}s, "
-        f"{summary['examples_per_s']:,.0f} examples/s"
-        + (f"; run directory {recorder.out_dir}" if recorder.out_dir else "")
-    )
-    return TrainResult(summary, recorder.records, flat, model, recorder.out_dir)
+    return summary, flat
 
 
 def make_runtime(cfg: RunConfig):

@@ -80,3 +80,22 @@ def test_replica_beyond_its_restarts_is_dropped_and_the_run_goes_on(capsys):
     assert res.summary["stop_reason"] == "time budget spent"
     # The survivor kept training after the loss.
     assert res.metrics[-1]["updates"] > res.metrics[0]["updates"]
+
+
+@pytest.mark.parametrize("strategy,threads", [("sgd", 2), ("downpour", 1)])
+def test_train_gives_the_caller_its_torch_thread_count_back(toy_data, strategy, threads):
+    """A run sets this process's torch threads (the single process's `threads`; 1 for a driver that only
+    evaluates); a notebook calling train() keeps its own setting afterwards."""
+    import torch
+
+    from distbelief import train
+    from tests.conftest import make_odd_model
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        train(make_odd_model, toy_data[0], toy_data[1], quiet=True, strategy=strategy, threads=threads,
+              runtime="inprocess", max_steps=3, max_seconds=0, eval_every_seconds=3600, batch_size=8)
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)
