@@ -132,8 +132,8 @@ class _ShardCalls(Future):
     def __init__(self, client: "RayShardClient", method: str, args: list[tuple], transform=None,
                  actor_method: str = "call"):
         """``actor_method``: "call" runs ``method`` on the shard object; "push_shm" / "fetch_shm" /
-        "push_fetch_shm" are the
-        shared-memory data plane's actor methods (``method`` then only names the call in errors)."""
+        "push_fetch_shm" are the shared-memory data plane's actor methods (``method`` then only names the call
+        in errors)."""
         self.client, self.method, self.args, self.transform = client, method, args, transform
         self.actor_method = actor_method
         self.handles = list(client.handles)

@@ -12,7 +12,8 @@ flight and a new push starts only after the previous one was acknowledged by eve
 never rewritten while a shard may still read it (two alternate anyway); and a fetch buffer is read (copied into
 the model) before the next fetch is issued. In the fused push-fetch loop (``push_fetch_shm``, one call per shard
 per step) the replica's model parameters and gradients *are* the fetch buffer and a push buffer: the replica
-computes only between two fused calls, and a shard writes or reads them only during one. A push re-sent to a restarted shard reads the same, unchanged buffer.
+computes only between two fused calls, and a shard writes or reads them only during one. A push re-sent to a
+restarted shard reads the same, unchanged buffer.
 
 Buffers are files named ``<prefix>-...`` in ``/dev/shm``; the runtime that owns the prefix removes them all at
 shutdown, whichever processes died on the way.
