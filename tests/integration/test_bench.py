@@ -83,14 +83,14 @@ def test_fig4_quick_every_method_from_the_shared_warmstart(tmp_path):
 
 @pytest.mark.slow
 def test_plot_overlays_runs_into_a_png(tmp_path):
+    from distbelief import RunConfig
+    from distbelief.api import train_task
+
     runs = []
-    for strategy in ("sgd", "downpour"):
+    for strategy in ("sgd", "downpour"):  # run directories as `distbelief train` writes them
         out = tmp_path / strategy
-        r = subprocess.run(PY + ["train", "--strategy", strategy, "--runtime", "inprocess", "--replicas", "2",
-                                 "--max-steps", "30", "--max-seconds", "0", "--num-samples", "1000",
-                                 "--eval-every-seconds", "0.2", "--out", str(out)],
-                           capture_output=True, text=True, timeout=300)
-        assert r.returncode == 0, r.stderr[-2000:]
+        train_task(RunConfig(strategy=strategy, runtime="inprocess", replicas=2, max_steps=30, max_seconds=0,
+                             num_samples=1000, eval_every_seconds=0.2, out=str(out)), quiet=True)
         runs.append(str(out))
     png = tmp_path / "cmp.png"
     r = subprocess.run(PY + ["plot", *runs, "--out", str(png)], capture_output=True, text=True, timeout=120)

@@ -35,7 +35,8 @@ def test_ray_mnist1d_two_replicas_two_shards_adagrad_reaches_80_percent(tmp_path
     assert summary["staleness_mean"] >= 0 and summary["staleness_max"] >= 1  # two async replicas: some staleness
 
 
-@pytest.mark.parametrize("replicas,steps,push_every", [(2, 12, 3), (3, 8, 2)])
+# One case on Ray actors; tests/unit/test_downpour_oracles.py runs more in-process.
+@pytest.mark.parametrize("replicas,steps,push_every", [(3, 8, 2)])
 def test_ray_each_shard_applies_exactly_R_S_over_n_updates(toy_data, replicas, steps, push_every):
     res = train(make_odd_model, toy_data[0], toy_data[1], quiet=True, runtime="ray", replicas=replicas, shards=3,
                 max_steps=steps, push_every=push_every, max_seconds=0, eval_every_seconds=3600, batch_size=8)
