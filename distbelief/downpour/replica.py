@@ -66,7 +66,7 @@ class ModelReplica:
         self.loss_fn = loss_fn
         # Fused push-fetch loop: one call per shard per step instead of two (see the module docstring).
         self.fused = not settings.overlap and settings.fetch_every == 1 and settings.push_every == 1
-        shared = client.shared_buffers() if self.fused and hasattr(client, "shared_buffers") else None
+        shared = client.shared_buffers() if self.fused else None
         if shared is not None:
             self.flat, self.grads = bind_flat(model, *(torch.from_numpy(b) for b in shared))
         else:

@@ -222,22 +222,27 @@ class RayShardClient(ShardClient):
         if not self.shm_paths:
             return super().push_fetch_async(grad, versions, num_examples)
         g = grad.numpy() if hasattr(grad, "numpy") else grad
-        n = len(self.handles)
-        vs = [versions[k] if versions else 0 for k in range(n)]
-        seq = self.next_seq()
-        push_buf, fetch_buf = self._shm_bufs["push0"], self._shm_bufs["fetch"]
-        if g.ctypes.data != push_buf.ctypes.data:  # a replica bound to shared_buffers() computed it in place
-            np.copyto(push_buf, g)
+        vs = [versions[k] if versions else 0 for k in range(len(self.handles))]
+        push_args = self._shm_push_args("push0", g, vs, num_examples, self.next_seq())
         self._next_push_buf = 1  # a plain push after this one must not reuse push0 while a shard may read it
-        args = [(self.shm_paths["push0"], self.shm_paths["fetch"], self.layout.total, self.replica_id, 0, vs[k],
-                 num_examples, self.session, seq) for k in range(n)]
-        bounds = [self.layout.range(k) for k in range(n)]
+        args = [(a[0], self.shm_paths["fetch"], *a[1:]) for a in push_args]
+        fetch_buf = self._shm_bufs["fetch"]
+        bounds = [self.layout.range(k) for k in range(len(self.handles))]
 
         def unpack(replies):
             self._ack([r[0] for r in replies])
             return [(lo, fetch_buf[lo:hi]) for lo, hi in bounds], [r[1] for r in replies]
 
         return _ShardCalls(self, "push+fetch", args, transform=unpack, actor_method="push_fetch_shm")
+
+    def _shm_push_args(self, key: str, g, vs, num_examples: int, seq: int) -> list[tuple]:
+        """Put gradient ``g`` into push buffer ``key`` (no copy if ``g`` is that buffer: a replica bound to
+        ``shared_buffers()`` computed it in place) and return each shard's ``push_shm`` arguments."""
+        buf = self._shm_bufs[key]
+        if g.ctypes.data != buf.ctypes.data:
+            np.copyto(buf, g)
+        return [(self.shm_paths[key], self.layout.total, self.replica_id, 0, vs[k], num_examples, self.session, seq)
+                for k in range(len(self.handles))]
 
     def push_async(self, grad, versions, num_examples: int) -> Future:
         g = grad.numpy() if hasattr(grad, "numpy") else grad
@@ -249,9 +254,7 @@ class RayShardClient(ShardClient):
             # alternate anyway, so a buffer is rewritten only two pushes after it was sent.
             key = f"push{self._next_push_buf}"
             self._next_push_buf ^= 1
-            np.copyto(self._shm_bufs[key], g)
-            args = [(self.shm_paths[key], self.layout.total, self.replica_id, 0, vs[k], num_examples, self.session,
-                     seq) for k in range(n)]
+            args = self._shm_push_args(key, g, vs, num_examples, seq)
 
             def ack_shm(versions_after):
                 self._ack(versions_after)

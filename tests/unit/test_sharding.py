@@ -70,12 +70,12 @@ def test_bind_flat_onto_given_buffers_keeps_values_and_zeroes_grads():
     assert torch.equal(torch.cat([p.grad.reshape(-1) for p in model.parameters()]), grad_buf)
 
 
-@pytest.mark.parametrize("bad", [torch.zeros(3), torch.zeros(10, dtype=torch.float64), torch.zeros(2, 5)])
-def test_bind_flat_rejects_a_buffer_of_the_wrong_size_or_type(bad):
+@pytest.mark.parametrize("make_bad", [lambda n: torch.zeros(n - 1), lambda n: torch.zeros(n, dtype=torch.float64),
+                                      lambda n: torch.zeros(1, n)], ids=["short", "float64", "2-D"])
+def test_bind_flat_rejects_a_buffer_of_the_wrong_size_or_type(make_bad):
     model = OddModel()
     n = flatten(model).numel()
-    bad = torch.zeros(n, dtype=torch.float64) if bad.dtype == torch.float64 else bad
-    with pytest.raises(ValueError, match=f"1-D float32 tensor of {n} elements"):
-        bind_flat(model, bad)
-    with pytest.raises(ValueError, match="grads"):
-        bind_flat(model, None, bad)
+    with pytest.raises(ValueError, match=f"flat must be a 1-D float32 tensor of {n} elements"):
+        bind_flat(model, make_bad(n))
+    with pytest.raises(ValueError, match=f"grads must be a 1-D float32 tensor of {n} elements"):
+        bind_flat(model, None, make_bad(n))
