@@ -43,6 +43,43 @@ def toy_classification(n: int = 256, d_in: int = 7, classes: int = 3, seed: int 
     return TensorDataset(x, y)
 
 
+RAY_TEST_CPUS = 4  # logical CPUs: room for 2 replicas x 2 partitions or replicas plus shards on a 2-core box
+
+
+@pytest.fixture
+def ray_local():
+    """A local Ray instance started with the runtime's own settings and shared by consecutive tests that ask for
+    it (starting one costs ~5 s here). ``pytest_collection_modifyitems`` runs those tests back to back and
+    ``pytest_runtest_teardown`` shuts Ray down after the last of them, so no other test runs beside it."""
+    import ray
+
+    from distbelief.runtime.ray_runtime import connect
+
+    if not ray.is_initialized():
+        connect(num_cpus=RAY_TEST_CPUS)
+    yield
+
+
+def _uses_ray_local(item) -> bool:
+    return item is not None and "ray_local" in getattr(item, "fixturenames", ())
+
+
+def pytest_collection_modifyitems(session, config, items):
+    # Stable: every other test keeps its place; the tests sharing one Ray instance move, in order, to the end.
+    items.sort(key=_uses_ray_local)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    try:
+        return (yield)
+    finally:
+        if _uses_ray_local(item) and not _uses_ray_local(nextitem):
+            import ray
+
+            ray.shutdown()
+
+
 @pytest.fixture(scope="session")
 def toy_data():
     return toy_classification(256), toy_classification(64, seed=1)

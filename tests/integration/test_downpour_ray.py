@@ -1,9 +1,8 @@
-"""Downpour on real Ray actors (one local Ray instance for the module)."""
+"""Downpour on real Ray actors (one local Ray instance: ``ray_local`` in tests/conftest.py)."""
 
 import json
 
 import pytest
-import ray
 import torch
 
 from distbelief import RunConfig, train
@@ -11,14 +10,7 @@ from distbelief.api import train_task
 from tests.conftest import make_odd_model
 from tests.integration.test_downpour_inprocess import check_run_dir
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def ray_instance():
-    ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level="ERROR")
-    yield
-    ray.shutdown()
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.usefixtures("ray_local")]
 
 
 def test_ray_mnist1d_two_replicas_two_shards_adagrad_reaches_80_percent(tmp_path):

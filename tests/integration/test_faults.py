@@ -1,7 +1,6 @@
 """Fault injection: a parameter shard's process is killed mid-run; the run goes on and loses no update."""
 
 import pytest
-import ray
 
 from distbelief import RunConfig
 from distbelief.api import train_task
@@ -34,17 +33,10 @@ def test_inprocess_shard_killed_is_restored_from_checkpoint_and_log(tmp_path):
 
 @pytest.mark.ray
 @pytest.mark.slow
-class TestRayFaults:
-    @pytest.fixture(scope="class", autouse=True)
-    def ray_instance(self):
-        ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level="ERROR")
-        yield
-        ray.shutdown()
-
-    @pytest.mark.parametrize("attempt", range(2))  # repeated, at different moments, to flush out races
-    def test_ray_shard_process_killed_mid_run(self, tmp_path, attempt):
-        # target 0.72 (chance is 0.1): reached well after the kill at 2-4 s, sooner than 0.78 on a busy 2-core box
-        res = train_task(shard_kill_config(tmp_path, "ray", kill_shard_after_s=2 + 2 * attempt,
-                                           target_accuracy=0.72), quiet=True)
-        assert_recovered(res.summary, target=0.72)
-        assert res.summary["shard_recovery_s"][0] < 30
+@pytest.mark.usefixtures("ray_local")
+def test_ray_shard_process_killed_mid_run(tmp_path):
+    # target 0.72 (chance is 0.1): reached well after the kill at 2 s, sooner than 0.78 on a busy 2-core box.
+    # (The shared-memory plane's own shard-kill test, in test_downpour_ray.py, kills at 3 s.)
+    res = train_task(shard_kill_config(tmp_path, "ray", kill_shard_after_s=2, target_accuracy=0.72), quiet=True)
+    assert_recovered(res.summary, target=0.72)
+    assert res.summary["shard_recovery_s"][0] < 30

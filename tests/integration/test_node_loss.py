@@ -6,14 +6,14 @@ from ray.cluster_utils import Cluster
 
 from distbelief import RunConfig
 from distbelief.api import train_task
-from distbelief.runtime.ray_runtime import RayRuntime
+from distbelief.runtime.ray_runtime import SYSTEM_CONFIG, RayRuntime
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "_system_config": SYSTEM_CONFIG})
     nodes = [c.add_node(num_cpus=2) for _ in range(2)]
     c.wait_for_nodes()
     ray.init(address=c.address, logging_level="ERROR")

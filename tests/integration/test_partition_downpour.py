@@ -13,12 +13,13 @@ from distbelief.data.batches import BatchSource, replica_indices
 from distbelief.models import build_model
 from tests.conftest import toy_classification
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = pytest.mark.timeout(300)
 
 
 def test_mnist1d_lc1d_two_replicas_two_partitions_two_shards_reaches_80_percent(tmp_path):
+    # ~30 s here; the budget is only a guard against a run that never gets there (a loaded CI machine took >90 s)
     cfg = RunConfig(runtime="inprocess", model="lc1d", replicas=2, partitions=2, shards=2,
-                    server_optimizer="adagrad", lr=0.05, batch_size=64, max_seconds=90, target_accuracy=0.80,
+                    server_optimizer="adagrad", lr=0.05, batch_size=64, max_seconds=240, target_accuracy=0.80,
                     eval_every_seconds=2, out=str(tmp_path / "run"))
     res = train_task(cfg, quiet=True)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())

@@ -24,7 +24,7 @@ TARGET = {"inprocess": 0.6, "ray": 0.5}
 def partition_config(runtime: str, **kw) -> RunConfig:
     """2 replicas x 2 partitions x 2 shards training lc1d on mnist1d."""
     settings = dict(runtime=runtime, model="lc1d", replicas=2, partitions=2, shards=2, server_optimizer="adagrad",
-                    lr=0.05, batch_size=64, max_seconds=60, target_accuracy=TARGET[runtime], eval_every_seconds=1,
+                    lr=0.05, batch_size=64, max_seconds=120, target_accuracy=TARGET[runtime], eval_every_seconds=1,
                     remote_timeout_s=REMOTE_TIMEOUT_S)
     settings.update(kw)
     return RunConfig(**settings)
@@ -91,13 +91,6 @@ def test_inprocess_shard_killed_during_partitioned_run():
 # ---------------------------------------------------------------- Ray (one actor process per partition)
 
 
-@pytest.fixture(scope="module")
-def ray_instance():
-    ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level="ERROR")
-    yield
-    ray.shutdown()
-
-
 def live_ray_state() -> tuple[int, Counter]:
     """Placement groups not removed, and live actors by class. Read from the GCS tables (the ray.util.state API
     needs the dashboard, which these tests do not start)."""
@@ -117,7 +110,7 @@ def wait_until_nothing_live(timeout_s: float = 10.0) -> tuple[int, Counter]:
 
 @pytest.mark.ray
 @pytest.mark.slow
-@pytest.mark.usefixtures("ray_instance")
+@pytest.mark.usefixtures("ray_local")
 class TestRayPartitionFaults:
     @pytest.mark.timeout(180)
     def test_ray_partition_process_killed_restarts_its_group_and_leaks_nothing(self):

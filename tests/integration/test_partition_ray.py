@@ -5,7 +5,6 @@ from functools import partial
 
 import numpy as np
 import pytest
-import ray
 import torch
 
 from distbelief import RunConfig
@@ -16,14 +15,7 @@ from distbelief.runtime.partition_groups import create_partition_group
 from distbelief.runtime.ray_runtime import RayRuntime
 from tests.unit.test_partition import STACKS, batch
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(240)]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def ray_instance():
-    ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level="ERROR")
-    yield
-    ray.shutdown()
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(240), pytest.mark.usefixtures("ray_local")]
 
 
 def _model(name, P):

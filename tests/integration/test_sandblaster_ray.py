@@ -1,4 +1,4 @@
-"""Sandblaster L-BFGS on real Ray actors (one local Ray instance for the module)."""
+"""Sandblaster L-BFGS on real Ray actors (one local Ray instance: ``ray_local`` in tests/conftest.py)."""
 
 import pytest
 import ray
@@ -17,17 +17,9 @@ from tests.integration.sandblaster_support import (
 )
 from tests.integration.test_downpour_inprocess import check_run_dir
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.usefixtures("ray_local")]
 
 ITERATIONS, HISTORY = 15, 5
-
-
-@pytest.fixture(scope="module", autouse=True)
-def ray_instance():
-    # address="local": always a fresh instance of our own, even when another Ray runs on this machine.
-    ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level="ERROR")
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +29,7 @@ def logreg():
 
 
 @pytest.fixture
-def runtime():
+def runtime(ray_local):
     rt = RayRuntime(remote_timeout_s=60)
     yield rt
     rt.shutdown()

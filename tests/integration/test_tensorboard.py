@@ -123,20 +123,9 @@ def test_cli_flag_and_lazy_import(tmp_path):
     assert (run_dir / "metrics.jsonl").is_file() and not (run_dir / TENSORBOARD_DIR).exists()
 
 
-@pytest.fixture(scope="module")
-def ray_instance():
-    """This module's only Ray instance, started for the test that asks for it."""
-    import ray
-
-    # address="local": always a fresh instance, never another test session's cluster on this machine
-    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR")
-    yield
-    ray.shutdown()
-
-
 @pytest.mark.slow
 @pytest.mark.ray
-def test_downpour_on_ray_bytes_match_the_push_oracle(tmp_path, toy_data, ray_instance):
+def test_downpour_on_ray_bytes_match_the_push_oracle(tmp_path, toy_data, ray_local):
     replicas, steps, push_every = 2, 12, 3
     res = train(make_odd_model, toy_data[0], toy_data[1], runtime="ray", replicas=replicas, shards=3,
                 max_steps=steps, push_every=push_every, max_seconds=0, eval_every_seconds=0.5, batch_size=8,
