@@ -75,7 +75,7 @@ QUICK = Recipe(
                 checkpoint_every_seconds=0.0, wal=False, remote_timeout_s=120.0),
     warmstart=dict(strategy="sgd", server_optimizer="sgd", lr=0.5, threads=1, max_steps=10),
     target_accuracy=0.12,
-    max_seconds=2.5,
+    max_seconds=1.5,
     methods={
         "sgd-1": dict(strategy="sgd", server_optimizer="sgd", lr=0.5, threads=1),
         "sgd-all": dict(strategy="sgd", server_optimizer="sgd", lr=0.5),

@@ -118,12 +118,16 @@ def test_hogwild_workers_update_one_shared_parameter(rule):
     assert res.summary["steps_per_replica"] == [300, 300]
     assert res.summary["stop_reason"] == "step limit reached"
     w = float(res.flat_params[0])
-    if rule == "sgd":
-        expected = 600 * lr  # one worker alone, or unshared parameters, would give 300 * lr
-    else:  # sum g^2 after the k-th update is k: w = lr * sum_k 1/sqrt(k); unshared sums would give ~40% more
+    if rule == "sgd":  # all 600 steps on one w; one worker alone (or private parameters) gives at most 300 * lr
+        expected, one_worker = 600 * lr, 300 * lr
+    else:  # sum g^2 after the k-th update is k: w = lr * sum_k 1/sqrt(k) = 47.5 lr; private sums would give
+        # 2 * 33.6 lr = 67.2 lr, above the bound; one worker alone 33.6 lr
         expected = lr * sum(1 / math.sqrt(k) for k in range(1, 601))
-    # Hogwild takes no lock: two updates landing at the same instant can lose one; allow a few, no more
-    assert expected - 3 * lr <= w <= expected + 1e-6, (w / lr, expected / lr)
+        one_worker = lr * sum(1 / math.sqrt(k) for k in range(1, 301))
+    # Hogwild takes no lock: updates landing at the same instant are lost. In this tight loop (a step is tens of
+    # microseconds) two workers on a busy 2-core machine lost up to 16% of them, so the test pins down sharing
+    # itself: more than one worker alone could give, never more than every step applied once.
+    assert one_worker < w <= expected + 1e-6, (w / lr, one_worker / lr, expected / lr)
 
 
 @pytest.mark.slow
