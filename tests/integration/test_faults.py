@@ -34,9 +34,12 @@ def test_inprocess_shard_killed_is_restored_from_checkpoint_and_log(tmp_path):
 @pytest.mark.ray
 @pytest.mark.slow
 @pytest.mark.usefixtures("ray_local")
-def test_ray_shard_process_killed_mid_run(tmp_path):
-    # target 0.72 (chance is 0.1): reached well after the kill at 2 s, sooner than 0.78 on a busy 2-core box.
-    # (The shared-memory plane's own shard-kill test, in test_downpour_ray.py, kills at 3 s.)
-    res = train_task(shard_kill_config(tmp_path, "ray", kill_shard_after_s=2, target_accuracy=0.72), quiet=True)
+@pytest.mark.parametrize("attempt", range(2))  # repeated, at different moments, to flush out races
+def test_ray_shard_process_killed_mid_run(tmp_path, attempt):
+    # target 0.72 (chance is 0.1): reached well after the kill at 2-4 s, sooner than 0.78 on a busy 2-core box.
+    # (More shard kills on Ray: the shared-memory plane's test in test_downpour_ray.py, partitioned runs in
+    # test_partition_faults.py, Sandblaster in test_sandblaster_ray.py.)
+    res = train_task(shard_kill_config(tmp_path, "ray", kill_shard_after_s=2 + 2 * attempt, target_accuracy=0.72),
+                     quiet=True)
     assert_recovered(res.summary, target=0.72)
     assert res.summary["shard_recovery_s"][0] < 30
