@@ -38,6 +38,8 @@ def variants(cores: int) -> dict[str, dict]:
         "downpour-adagrad g=0.5 n=4 a=0.5": m("downpour-adagrad", lr=0.5, adagrad_initial_accumulator=0.1,
                                               fetch_every=4, push_every=4, local_lr=0.5),
         "downpour-adagrad g=0.3 n=1 k=1": m("downpour-adagrad", lr=0.3, adagrad_initial_accumulator=0.1, shards=1),
+        "downpour-adagrad g=0.5 n=1 overlap": m("downpour-adagrad", lr=0.5, adagrad_initial_accumulator=0.1,
+                                                overlap=True),
         "downpour-adagrad g=0.5 n=1 sync-fetch": m("downpour-adagrad", lr=0.5, adagrad_initial_accumulator=0.1,
                                                    overlap=False),
         "downpour-adagrad g=0.3 n=1 sync-fetch": m("downpour-adagrad", lr=0.3, adagrad_initial_accumulator=0.1,
