@@ -118,19 +118,19 @@ def test_hogwild_workers_update_one_shared_parameter(rule):
     assert res.summary["steps_per_replica"] == [300, 300]
     assert res.summary["stop_reason"] == "step limit reached"
     w = float(res.flat_params[0])
-    if rule == "sgd":  # all 600 steps on one w; one worker alone (or private parameters) gives at most 300 * lr
-        one_worker, bound = 300 * lr, 600 * lr  # a lost update only lowers w: every step applied once is the most
-    else:  # sum g^2 after the k-th update is k: w = lr * sum_k 1/sqrt(k) = 47.5 lr if every update lands once;
-        # one worker alone gives 33.6 lr, private accumulators 2 * 33.6 = 67.2 lr
+    if rule == "sgd":  # all 600 steps on one w; one worker alone (or private parameters) gives 300 lr at most
+        one_worker, bound = 300 * lr, 600 * lr  # a lost update only lowers w: every step once is the most
+    else:  # sum g^2 after the k-th update is k: w = lr * sum_k 1/sqrt(k) = 47.5 lr if every update lands
+        # once; one worker alone gives 33.6 lr, private accumulators 2 * 33.6 = 67.2 lr
         one_worker = lr * sum(1 / math.sqrt(k) for k in range(1, 301))
-        # Hogwild takes no lock, so an accumulator increment can be lost while the step that used it lands: the
+        # Hogwild takes no lock, so an accumulator increment can be lost while the step that used it lands:
         # later steps then divide by a smaller sum, and w can exceed 47.5 lr (47.57 lr was seen). Losing a
-        # fraction f of the increments scales w by at most 1 / sqrt(1 - f); 1.1x allows f up to 17% and still
-        # lies below what private accumulators give (1.41x) unless over a fifth of all steps were lost as well.
+        # fraction f of the increments scales w by at most 1 / sqrt(1 - f); 1.1x allows f up to 17% and
+        # stays below what private accumulators give (1.41x) unless over a fifth of all steps were lost too.
         bound = 1.1 * lr * sum(1 / math.sqrt(k) for k in range(1, 601))
-    # Updates landing at the same instant are lost. In this tight loop (a step is tens of microseconds) two workers
-    # on a busy 2-core machine lost up to 16% of them, so the test pins down sharing itself: more than one worker
-    # alone could give, never more than every step applied once (for Adagrad, within the bound above).
+    # Updates landing at the same instant are lost. In this tight loop (a step is tens of microseconds) two
+    # workers on a busy 2-core machine lost up to 16% of them, so the test pins down sharing itself: more
+    # than one worker alone could give, never more than every step applied once (Adagrad: the bound above).
     assert one_worker < w <= bound + 1e-6, (w / lr, one_worker / lr, bound / lr)
 
 
