@@ -22,9 +22,9 @@ from distbelief import RunConfig
 from distbelief.api import train_task
 
 
-def run(name: str, seconds: float, kill_at: float, out: Path, **kw) -> dict:
+def run(name: str, seconds: float, kill_at: int, out: Path, **kw) -> dict:
     cfg = RunConfig(runtime="ray", replicas=2, shards=2, batch_size=64, max_seconds=seconds, eval_every_seconds=2,
-                    checkpoint_every_seconds=5, seed=1, out=str(out / name), **kw)
+                    checkpoint_every_seconds=5, durability="log", seed=1, out=str(out / name), **kw)
     s = train_task(cfg, quiet=True).summary
     ev = s.get("events", [])
     killed = [e for e in ev if e["event"].endswith("killed")]
@@ -43,7 +43,7 @@ def run(name: str, seconds: float, kill_at: float, out: Path, **kw) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--seconds", type=float, default=40)
-    ap.add_argument("--kill-at", type=float, default=10)
+    ap.add_argument("--kill-at", type=int, default=1000, help="the run's step (all replicas together) of the kill")
     ap.add_argument("--out", default="benchmarks/results")
     args = ap.parse_args()
     out = Path(args.out)
@@ -53,8 +53,8 @@ def main() -> None:
     ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, logging_level="ERROR")
     rows = [
         run("undisturbed", args.seconds, args.kill_at, work),
-        run("shard-kill", args.seconds, args.kill_at, work, kill_shard_after_s=args.kill_at, kill_shard_id=1),
-        run("replica-kill", args.seconds, args.kill_at, work, kill_replica_after_s=args.kill_at, kill_replica_id=1),
+        run("shard-kill", args.seconds, args.kill_at, work, kill_shard_at_step=args.kill_at, kill_shard_id=1),
+        run("replica-kill", args.seconds, args.kill_at, work, kill_replica_at_step=args.kill_at, kill_replica_id=1),
     ]
     ray.shutdown()
     result = {"date": time.strftime("%Y-%m-%d"), "machine": {"cores": os.cpu_count(), "cpu": platform.processor(),

@@ -183,6 +183,8 @@ def _run_strategy(job, recorder, runtime, resume: bool, callbacks) -> tuple[dict
         own_runtime = runtime is None
         runtime = make_runtime(cfg) if own_runtime else runtime
         try:
+            if hasattr(runtime, "check_capacity"):
+                runtime.check_capacity(1, partitions=cfg.partitions, log=recorder.log)
             summary, flat = run_partitioned_sgd(job, runtime, recorder)
         finally:
             if own_runtime:
@@ -202,7 +204,8 @@ def _run_strategy(job, recorder, runtime, resume: bool, callbacks) -> tuple[dict
             runtime = make_runtime(cfg)
         try:
             if hasattr(runtime, "check_capacity"):
-                runtime.check_capacity(cfg.replicas)
+                # a cluster joined with --address refuses a job too big for it; the local Ray runs it oversubscribed
+                runtime.check_capacity(cfg.replicas, partitions=cfg.partitions, log=recorder.log)
             torch.set_num_threads(1)  # the driver only evaluates; leave the cores to the workers
             if cfg.strategy == "sandblaster":
                 from distbelief.sandblaster.trainer import SandblasterTrainer

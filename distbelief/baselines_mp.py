@@ -8,10 +8,12 @@
   so the global batch is ``replicas x batch_size``. Every rank meets every all-reduce: one dead rank ends
   the run.
 
-Both are measured exactly like Downpour: the wall clock starts once every worker is ready to train; the driver
-evaluates the *current* parameters (the shared ones; DDP's rank 0 trains the driver's shared-memory model)
-every ``eval_every_seconds`` while the workers keep training; metrics records and summary fields are
-Downpour's.
+Both are measured exactly like Downpour and sgd: the training clock starts once every worker is ready to
+train; every ``eval_every_seconds`` of training the driver pauses the workers at a step boundary (DDP: every
+rank after the same step), stops the clock, evaluates the *current* parameters (the shared ones; DDP's rank 0
+trains the driver's shared-memory model), then resumes both. Evaluation thus neither competes with training
+for the cores nor counts as training time: examples/s and time-to-accuracy are training time. Metrics records
+and summary fields are Downpour's.
 Workers are torch.multiprocessing processes, not Ray roles (nothing here imports ray).
 """
 
@@ -44,8 +46,10 @@ from distbelief.ps.sharding import flatten
 
 # Worker phases, written by the worker into its row of SharedProgress.
 STARTING, READY, DONE = 0, 1, 2
-_STEPS, _EXAMPLES, _STALE_SUM, _STALE_MAX, _PHASE = range(5)
-_GO, _STOP = range(2)
+# Columns of a worker's row; _PAUSED holds the pause generation the worker is paused for (0 while it trains).
+_STEPS, _EXAMPLES, _STALE_SUM, _STALE_MAX, _PHASE, _PAUSED = range(6)
+# The driver's flags; _PAUSE and _RESUME are generations: a pause is requested while _PAUSE > _RESUME.
+_GO, _STOP, _PAUSE, _RESUME = range(4)
 _MESSAGE_CHARS = 8000  # a worker's error text must fit a pipe buffer, or its send would block its exit
 
 
@@ -55,20 +59,27 @@ def startup_timeout_s(remote_timeout_s: float) -> float:
     return max(remote_timeout_s, 60.0)
 
 
+def pause_timeout_s(remote_timeout_s: float) -> float:
+    # A paused worker waits for the driver's evaluation, which is local work sized by the test set, not a
+    # remote call: a short remote_timeout_s (set to catch hung steps) must not fail a run whose evaluation
+    # takes a while.
+    return max(remote_timeout_s, 300.0)
+
+
 class SharedProgress:
     """Per-worker progress in shared memory: each worker writes only its own row, lock-free; the driver reads.
 
-    Rows hold steps, examples, staleness sum and max, and the phase; ``loss_ema`` the worker's training loss
-    (an EMA, NaN before its first step); ``flags`` the driver's go and stop signals. It crosses to a worker by
-    pickling: torch.multiprocessing passes the shared tensors by handle, not by copy. Thread/process safety: a
-    single writer per row; readers may see a row mid-update (one counter ahead of another), never a torn
-    value.
+    Rows hold steps, examples, staleness sum and max, the phase and the pause the worker is holding;
+    ``loss_ema`` the worker's training loss (an EMA, NaN before its first step); ``flags`` the driver's go,
+    stop, pause and resume signals. It crosses to a worker by pickling: torch.multiprocessing passes the
+    shared tensors by handle, not by copy. Thread/process safety: a single writer per row; readers may see a
+    row mid-update (one counter ahead of another), never a torn value.
     """
 
     def __init__(self, num_workers: int):
-        self.counts = torch.zeros(num_workers, 5, dtype=torch.int64).share_memory_()
+        self.counts = torch.zeros(num_workers, 6, dtype=torch.int64).share_memory_()
         self.loss_ema = torch.full((num_workers,), math.nan, dtype=torch.float64).share_memory_()
-        self.flags = torch.zeros(2, dtype=torch.int64).share_memory_()
+        self.flags = torch.zeros(4, dtype=torch.int64).share_memory_()
         self._views()
 
     def _views(self) -> None:
@@ -101,6 +112,26 @@ class SharedProgress:
     def stop_requested(self) -> bool:
         return bool(self._flags[_STOP])
 
+    def pause_requested(self) -> bool:
+        return bool(self._flags[_PAUSE] > self._flags[_RESUME])
+
+    def hold_pause(self, rank: int, timeout_s: float) -> None:
+        """Called at a step boundary once a pause is requested (DDP: agreed by every rank): report paused and
+        wait until the driver resumes or stops the run, or is gone, so the driver evaluates on idle cores and
+        parameters that no one writes. Raises if the driver neither resumes nor stops it within
+        ``timeout_s``."""
+        generation = int(self._flags[_PAUSE])
+        self._c[rank, _PAUSED] = generation
+        deadline = time.monotonic() + timeout_s
+        try:
+            while self._flags[_RESUME] < generation and not self._flags[_STOP] and _driver_alive():
+                if time.monotonic() > deadline:
+                    raise RemoteTimeoutError(f"worker {rank} was paused for evaluation and not resumed "
+                                             f"within {timeout_s:.0f}s (remote_timeout_s, at least 300)")
+                time.sleep(0.0005)
+        finally:
+            self._c[rank, _PAUSED] = 0
+
     def wait_go(self, rank: int, timeout_s: float) -> bool:
         """Block until the driver says go (True) or stop (False); raise if neither comes in time."""
         deadline = time.monotonic() + timeout_s
@@ -119,6 +150,18 @@ class SharedProgress:
 
     def stop(self) -> None:
         self._flags[_STOP] = 1
+
+    def request_pause(self) -> int:
+        """Ask every worker to pause at its next step boundary; the generation to wait for in ``paused``."""
+        generation = int(self._flags[_PAUSE]) + 1
+        self._flags[_PAUSE] = generation
+        return generation
+
+    def resume(self) -> None:
+        self._flags[_RESUME] = self._flags[_PAUSE]
+
+    def paused(self, rank: int, generation: int) -> bool:
+        return int(self._c[rank, _PAUSED]) == generation
 
     def phase(self, rank: int) -> int:
         return int(self._c[rank, _PHASE])
@@ -207,6 +250,9 @@ def hogwild_worker(rank: int, spec: WorkerSpec, progress: SharedProgress, model:
         return {}
     step, next_check = 0, time.monotonic() + 1.0
     while not (cfg.max_steps and step >= cfg.max_steps) and not progress.stop_requested():
+        if progress.pause_requested():  # the driver evaluates: hold still at this step boundary
+            progress.hold_pause(rank, pause_timeout_s(cfg.remote_timeout_s))
+            continue  # the run may have been stopped meanwhile
         seen = progress.total_steps()
         x, y = batches.next_batch()
         optimizer.zero_grad(set_to_none=False)  # .grad is this process's own memory; the values are shared
@@ -255,13 +301,14 @@ def ddp_worker(rank: int, spec: WorkerSpec, progress: SharedProgress, port: int,
     progress.mark(rank, READY)
     if not progress.wait_go(rank, startup_timeout_s(cfg.remote_timeout_s)):
         return {}
-    stop = torch.zeros(1, dtype=torch.int64)
+    signals = torch.zeros(2, dtype=torch.int64)  # [stop, pause], agreed by every rank each step
     step = 0
     while not (cfg.max_steps and step >= cfg.max_steps):
-        # Every rank must stop after the same step, or the others would wait in the next all-reduce: agree
-        # on the driver's stop flag with a 1-element all-reduce that overlaps this step's compute.
-        stop[0] = int(progress.stop_requested() or not _driver_alive())
-        agreed = dist.all_reduce(stop, op=dist.ReduceOp.MAX, async_op=True)
+        # Every rank must stop or pause after the same step, or the others would wait in the next all-reduce:
+        # agree on the driver's flags with a 2-element all-reduce that overlaps this step's compute.
+        signals[0] = int(progress.stop_requested() or not _driver_alive())
+        signals[1] = int(progress.pause_requested())
+        agreed = dist.all_reduce(signals, op=dist.ReduceOp.MAX, async_op=True)
         x, y = batches.next_batch()
         optimizer.zero_grad(set_to_none=False)
         loss = spec.loss_fn(ddp(x), y)
@@ -270,8 +317,11 @@ def ddp_worker(rank: int, spec: WorkerSpec, progress: SharedProgress, port: int,
         step += 1
         progress.count_step(rank, len(y), loss.item(), 0)
         agreed.wait()
-        if stop[0]:
+        if signals[0]:
             break
+        if signals[1]:
+            # No break on a stop seen while paused: the ranks agree on it at the next step, all together.
+            progress.hold_pause(rank, pause_timeout_s(cfg.remote_timeout_s))
     return {"steps": step, "param_digest": param_digest(model)}
 
 
@@ -391,6 +441,13 @@ class MultiprocessRun:
         # no report: it died before _worker_main could send one (e.g. unpickling its arguments), or was killed
         return report.get("error") or f"{_exit_text(p.exitcode)}, without a report (see its stderr)"
 
+    def _collect_exits(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for workers to exit; reap those that did, counting failures as lost."""
+        for rank in self._exited(timeout_s):
+            err = self._reap(rank)
+            if err is not None:
+                self._worker_failed(rank, err)
+
     def _exited(self, timeout_s: float) -> list[int]:
         """Wait up to ``timeout_s`` for any training worker to exit; the ranks that did."""
         live = {self.procs[r].sentinel: r for r in self.training}
@@ -434,8 +491,38 @@ class MultiprocessRun:
             p.join(5)
 
     # ------------------------------------------------------------------ measurement
+    def _evaluate_paused(self) -> dict:
+        """Evaluate with every worker held at a step boundary and the training clock stopped: evaluation
+        then neither competes with training for the cores nor counts as training time (as for sgd and
+        Downpour), and it reads parameters no worker is writing."""
+        self._pause_workers()
+        self.clock.pause()  # after the workers stopped: finishing their last step was training
+        try:
+            return self._record()
+        finally:
+            self.clock.resume()
+            self.progress.resume()
+
+    def _pause_workers(self) -> None:
+        """Request a pause and wait until every training worker holds it (or has finished). A worker that
+        exits meanwhile is handled as in _supervise (a lost ddp rank fails the run, which stops the paused
+        ones); one that does not reach a step boundary within remote_timeout_s is hung: terminated and
+        lost."""
+        generation = self.progress.request_pause()
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            self._collect_exits(0.0005)
+            waiting = [r for r in sorted(self.training)
+                       if not self.progress.paused(r, generation) and self.progress.phase(r) != DONE]
+            if not waiting:
+                return
+            if time.monotonic() > deadline:
+                for rank in waiting:
+                    self._fail_hung(rank, "did not reach a step boundary to pause for evaluation")
+                return
+
     def _record(self) -> dict:
-        wall = self.clock.elapsed()  # not paused: the workers keep training while the driver evaluates
+        wall = self.clock.elapsed()  # training time: the clock is paused while the driver evaluates
         snap = self.progress.snapshot([r for r in range(self.cfg.replicas) if r not in self.lost])
         acc, test_loss, train_acc = evaluate_job(self.model, self.job)
         updates = self._updates(snap["steps"])
@@ -482,22 +569,32 @@ class MultiprocessRun:
             if steps[rank] != seen:
                 last[rank] = (steps[rank], now)
             elif now - since > self.timeout_s:
-                self._terminate(self.procs[rank])
-                self._reap(rank)
-                self._worker_failed(rank, f"made no progress for {self.timeout_s:.0f}s (remote_timeout_s); "
-                                          f"terminated")
+                self._fail_hung(rank)
+
+    def _fail_hung(self, rank: int, why: str = "") -> None:
+        self._terminate(self.procs[rank])
+        self._reap(rank)
+        self._worker_failed(rank, f"made no progress for {self.timeout_s:g}s (remote_timeout_s)"
+                                  f"{': ' + why if why else ''}; terminated")
+
+    def _kill_pending(self) -> bool:
+        return bool(self.cfg.kill_replica_at_step) and not self._killed_once
 
     def _maybe_inject_fault(self) -> None:
+        """Kill worker kill_replica_id once the run's steps (every worker's, as the driver sees them) reach
+        kill_replica_at_step: a step count, unlike a time, puts the kill at the same point of every run."""
         cfg = self.cfg
-        due = cfg.kill_replica_after_s and self.clock.elapsed() >= cfg.kill_replica_after_s
-        if due and not self._killed_once:
-            self._killed_once = True
-            pid = self.worker_pids.get(cfg.kill_replica_id)
-            if pid is not None:
-                self.rec.log(f"fault injection: killing {self.strategy} worker {cfg.kill_replica_id}")
-                self.events.append({"event": "replica killed", "id": cfg.kill_replica_id,
-                                    "wall_s": self.clock.elapsed()})
-                os.kill(pid, signal.SIGKILL)
+        steps = self.progress.total_steps()
+        if not self._kill_pending() or steps < cfg.kill_replica_at_step:
+            return
+        self._killed_once = True
+        pid = self.worker_pids.get(cfg.kill_replica_id)
+        if pid is not None:
+            self.rec.log(f"fault injection: killing {self.strategy} worker {cfg.kill_replica_id} at step "
+                         f"{steps}")
+            self.events.append({"event": "replica killed", "id": cfg.kill_replica_id, "step": steps,
+                                "wall_s": self.clock.elapsed()})
+            os.kill(pid, signal.SIGKILL)
 
     # ------------------------------------------------------------------ the run
     def _supervise(self) -> None:
@@ -505,18 +602,17 @@ class MultiprocessRun:
         next_eval = cfg.eval_every_seconds
         last_progress: dict[int, tuple[int, float]] = {}
         while True:
-            for rank in self._exited(min(next_eval - self.clock.elapsed(), 0.25)):
-                err = self._reap(rank)
-                if err is not None:
-                    self._worker_failed(rank, err)
+            poll_s = 0.005 if self._kill_pending() else 0.25  # a pending kill watches the step count closely
+            self._collect_exits(min(next_eval - self.clock.elapsed(), poll_s))
             if not self.training:  # every worker reached max_steps (the lost ones were counted above)
                 self.stop_reason = "step limit reached"
                 return
             self._check_hangs(last_progress)
             self._maybe_inject_fault()
             if self.clock.elapsed() >= next_eval:
-                self._record()
+                self._evaluate_paused()
                 next_eval = self.clock.elapsed() + cfg.eval_every_seconds
+                last_progress.clear()  # the workers were paused on purpose: no step then is not a hang
             if self.time_to_target is not None:
                 self.stop_reason = "target accuracy reached"
                 return
@@ -551,6 +647,7 @@ class MultiprocessRun:
             for p in self.procs.values():
                 if p.is_alive():
                     self._terminate(p)
+        self.clock.pause()  # the workers are gone: what follows is not training
         wall = self.clock.elapsed()
         final = self._record()
         summary = self._summary(final, wall)

@@ -16,6 +16,7 @@ CHOICES = {
     "strategy": ("sgd", "sync", "downpour", "sandblaster", "hogwild", "ddp"),
     "server_optimizer": ("sgd", "adagrad"),
     "runtime": ("ray", "inprocess"),
+    "durability": ("off", "snapshot", "log"),
 }
 
 
@@ -35,8 +36,10 @@ def _add_train(sub) -> None:
         flag = "--" + f.name.replace("_", "-")
         help_text = FIELD_HELP.get(f.name, "") + f" [default: {getattr(defaults, f.name)!r}]"
         if f.type in (bool, "bool"):
+            on = getattr(defaults, f.name)
             p.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
-                           help=FIELD_HELP.get(f.name, ""))
+                           help=FIELD_HELP.get(f.name, "") + f" [default: {'on' if on else 'off'}, "
+                           f"--{'no-' if on else ''}{f.name.replace('_', '-')} to turn it {'off' if on else 'on'}]")
         else:
             # Values are parsed and validated by RunConfig so that errors name the setting consistently.
             p.add_argument(flag, dest=f.name, default=None, metavar=f.name.upper(), help=help_text,
@@ -50,20 +53,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     _add_train(sub)
-    p = sub.add_parser("bench", help="rerun the paper's Figures 3-5 on this machine (results.json + PNGs)",
+    p = sub.add_parser("bench", help="rerun the paper's Figures 3-5, or the throughput of the defaults, on this "
+                       "machine (results.json + PNGs)",
                        description="fig3: model-parallel speedup vs partitions (fully vs locally connected); fig4: "
-                       "accuracy vs time per method from one warmstart; fig5: time to a target accuracy vs cores. "
-                       "Writes results.json (configs, series, machine) and PNG figures into --out.")
-    p.add_argument("figure", choices=("fig3", "fig4", "fig5"))
+                       "accuracy vs time per method from one warmstart; fig5: time to a target accuracy vs cores; "
+                       "throughput: examples/s of Downpour vs single-process SGD (1 and 2 threads) and Hogwild with "
+                       "the default settings, back to back, median of --repeats. Writes results.json (configs, "
+                       "measurements, machine) and, for the figures, PNGs into --out.")
+    p.add_argument("figure", choices=("fig3", "fig4", "fig5", "throughput"))
     p.add_argument("--out", required=True, help="directory for results.json, the figures and the runs")
     p.add_argument("--cores", type=int, default=None,
                    help="cores to use (default: all of this machine's); fig5 sweeps 1, 2, 4, ... up to it")
     p.add_argument("--quick", action="store_true", help="a reduced sweep on tiny sizes (minutes; mechanics only)")
-    p.add_argument("--max-seconds", type=float, default=None, help="fig4/fig5: budget per run (default: recipe's)")
+    p.add_argument("--max-seconds", type=float, default=None,
+                   help="fig4/fig5/throughput: budget per run (default: fig4/fig5 the recipe's, throughput 40)")
     p.add_argument("--methods", nargs="+", default=None,
                    help="fig4/fig5: only these methods (sgd-1 sgd-all adagrad-all downpour-sgd downpour-adagrad "
-                        "sandblaster ddp hogwild)")
+                        "sandblaster ddp hogwild); throughput: these (sgd-1 sgd-2 hogwild downpour ddp; default all "
+                        "but ddp)")
     p.add_argument("--steps", type=int, default=None, help="fig3: timed steps per point")
+    p.add_argument("--models", nargs="+", default=None,
+                   help="throughput: paper (42M-parameter speech model) and/or fig4 (speech-tiny, 8192 Zipf "
+                        "classes) (default: both; --quick runs one tiny model instead)")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="throughput: rounds of every method, interleaved; the median is reported (default 3)")
     p = sub.add_parser("plot", help="overlay the accuracy-vs-time curves of run directories")
     p.add_argument("runs", nargs="+", help="run directories (each with metrics.jsonl)")
     p.add_argument("--out", required=True, help="PNG file to write")
@@ -96,6 +109,11 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
 def _bench(args: argparse.Namespace) -> int:
     import os
 
+    if args.figure == "throughput":
+        return _bench_throughput(args)
+    for name in ("models", "repeats"):
+        if getattr(args, name) is not None:
+            raise ConfigError(name, f"is an option of bench throughput, not of {args.figure}")
     cores = args.cores if args.cores is not None else (os.cpu_count() or 1)
     have = os.cpu_count() or 1
     if not 1 <= cores <= have:
@@ -113,6 +131,22 @@ def _bench(args: argparse.Namespace) -> int:
 
         run = accuracy.run_fig4 if args.figure == "fig4" else accuracy.run_fig5
         run(out, cores, args.quick, args.methods, log=log, max_seconds=args.max_seconds)
+    print(f"wrote {out / 'results.json'}")
+    return 0
+
+
+def _bench_throughput(args: argparse.Namespace) -> int:
+    """``bench throughput``: runs on the whole machine (its targets are ratios measured on it), prints the
+    Markdown table for benchmarks/RESULTS.md on stdout and the progress on stderr."""
+    for name in ("cores", "steps"):
+        if getattr(args, name) is not None:
+            raise ConfigError(name, "is not an option of bench throughput")
+    from distbelief.bench.throughput import run_throughput
+
+    out = Path(args.out)
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    res = run_throughput(out, args.quick, args.models, args.methods, args.repeats, args.max_seconds, log=log)
+    print(res["table_markdown"])
     print(f"wrote {out / 'results.json'}")
     return 0
 

@@ -18,6 +18,7 @@ from distbelief.exceptions import ConfigError
 STRATEGIES = ("sgd", "sync", "downpour", "sandblaster", "hogwild", "ddp")
 LOCAL_STRATEGIES = ("hogwild", "ddp")  # torch.multiprocessing baselines: this machine, no parameter server
 SERVER_OPTIMIZERS = ("sgd", "adagrad")
+DURABILITY_MODES = ("off", "snapshot", "log")
 RUNTIMES = ("ray", "inprocess")
 
 
@@ -37,14 +38,14 @@ class RunConfig:
     fetch_every: int = 1
     push_every: int = 1
     server_optimizer: str = "adagrad"
-    lr: float = 0.05
+    lr: float = 0.0
     local_lr: float = 0.0
     adagrad_eps: float = 1e-10
     adagrad_initial_accumulator: float = 0.0
-    batch_size: int = 32
+    batch_size: int = 0
     warmstart_steps: int = 0
     init_params: str = ""
-    overlap: bool = True
+    overlap: bool = False
     # when to stop
     max_steps: int = 0
     max_seconds: float = 60.0
@@ -61,19 +62,20 @@ class RunConfig:
     threads: int = 0
     max_replica_restarts: int = 3
     remote_timeout_s: float = 120.0
-    # durability: shard checkpoints and write-ahead log
+    # durability of the parameter shards: off, snapshot (background snapshots) or log (snapshots + write-ahead log)
+    durability: str = "snapshot"
     checkpoint_every_seconds: float = 30.0
     checkpoint_every_updates: int = 0
-    wal: bool = True
+    log_max_mb: float = 1024.0
     max_shard_restarts: int = 5
-    # fault injection (testing and demos): kill a replica / a shard this many seconds into training
-    kill_replica_after_s: float = 0.0
+    # fault injection (testing and demos): kill a replica / a shard once the run has done this many steps
+    kill_replica_at_step: int = 0
     kill_replica_id: int = 0
     kill_partition_id: int = -1
-    kill_shard_after_s: float = 0.0
+    kill_shard_at_step: int = 0
     kill_shard_id: int = 0
     # Sandblaster L-BFGS (strategy = "sandblaster"; batch_size is then the examples per L-BFGS iteration)
-    portion_size: int = 64
+    portion_size: int = 0
     history: int = 10
     push_every_portions: int = 4
     backup_tasks: bool = True
@@ -101,7 +103,9 @@ class RunConfig:
         choose("strategy", self.strategy, STRATEGIES)
         choose("server_optimizer", self.server_optimizer, SERVER_OPTIMIZERS)
         choose("runtime", self.runtime, RUNTIMES)
-        for name in ("replicas", "shards", "fetch_every", "push_every", "batch_size", "partitions"):
+        choose("durability", self.durability, DURABILITY_MODES)
+        self._resolve_defaults()
+        for name in ("replicas", "shards", "fetch_every", "push_every", "partitions"):
             positive(name)
         if self.partitions > 1:
             from distbelief.models import PARTITIONABLE
@@ -118,12 +122,17 @@ class RunConfig:
         for name in ("warmstart_steps", "max_steps", "threads", "max_replica_restarts", "num_classes",
                      "eval_samples", "train_eval_samples"):
             positive(name, 0)
-        for name in ("checkpoint_every_updates", "max_shard_restarts", "kill_shard_id"):
+        for name in ("checkpoint_every_updates", "max_shard_restarts", "kill_shard_id", "kill_replica_at_step",
+                     "kill_shard_at_step"):
             positive(name, 0)
         for name in ("max_seconds", "target_accuracy", "local_lr", "adagrad_initial_accumulator",
-                     "kill_replica_after_s", "kill_shard_after_s", "checkpoint_every_seconds"):
+                     "checkpoint_every_seconds"):
             positive(name, 0)
-        for name in ("lr", "eval_every_seconds", "remote_timeout_s", "adagrad_eps"):
+        if not (isinstance(self.log_max_mb, (int, float)) and math.isfinite(self.log_max_mb)
+                and self.log_max_mb > 0):
+            raise ConfigError("log_max_mb", f"must be > 0 (megabytes of write-ahead log per shard), got "
+                                            f"{self.log_max_mb!r}")
+        for name in ("eval_every_seconds", "remote_timeout_s", "adagrad_eps"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
                 raise ConfigError(name, f"must be > 0, got {v!r}")
@@ -143,7 +152,7 @@ class RunConfig:
         if self.strategy == "sgd" and self.replicas != 1:
             # sgd is one process by definition; the replica count is not used.
             self.replicas = 1
-        if self.kill_replica_after_s and not 0 <= self.kill_replica_id < self.replicas:
+        if self.kill_replica_at_step and not 0 <= self.kill_replica_id < self.replicas:
             raise ConfigError("kill_replica_id", f"must name a replica in [0, {self.replicas}), got "
                                                  f"{self.kill_replica_id}")
         if self.kill_partition_id != -1:
@@ -151,11 +160,11 @@ class RunConfig:
                 raise ConfigError("kill_partition_id", f"must name a partition in [0, {self.partitions}) of a "
                                                        f"partitioned replica (partitions > 1), or be -1 (the whole "
                                                        f"replica), got {self.kill_partition_id!r}")
-            if not self.kill_replica_after_s:
+            if not self.kill_replica_at_step:
                 import warnings
 
-                warnings.warn("kill_partition_id has no effect without kill_replica_after_s", stacklevel=2)
-        if self.kill_shard_after_s and not 0 <= self.kill_shard_id < self.shards:
+                warnings.warn("kill_partition_id has no effect without kill_replica_at_step", stacklevel=2)
+        if self.kill_shard_at_step and not 0 <= self.kill_shard_id < self.shards:
             raise ConfigError("kill_shard_id", f"must name a shard in [0, {self.shards}), got {self.kill_shard_id}")
         self._validate_sandblaster()
         if self.address and self.strategy in LOCAL_STRATEGIES:
@@ -164,6 +173,30 @@ class RunConfig:
         if self.address and self.runtime != "ray":
             raise ConfigError("address", "--address needs the ray runtime (runtime = \"ray\")")
         return self
+
+    def _resolve_defaults(self) -> None:
+        """Settings whose good value depends on the model and strategy: 0 means "auto" and is replaced here by
+        the value of ``distbelief.defaults`` (so config.toml records what the run really used). A value the user
+        set is kept. Called again on a validated config, it changes nothing."""
+        from distbelief import defaults
+
+        for name in ("num_classes", "batch_size", "portion_size"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ConfigError(name, f"must be an integer >= 0 (0 = the default for the model and strategy), "
+                                        f"got {v!r}")
+        if not (isinstance(self.lr, (int, float)) and not isinstance(self.lr, bool) and math.isfinite(self.lr)
+                and self.lr >= 0):
+            raise ConfigError("lr", f"must be > 0, or 0 for the recommended rate of the model, strategy and "
+                                    f"server optimizer; got {self.lr!r}")
+        if self.num_classes == 0:
+            self.num_classes = defaults.default_num_classes(self.task, self.model)
+        if self.lr == 0:
+            self.lr = defaults.recommended_lr(self.model, self.strategy, self.server_optimizer)
+        if self.batch_size == 0:
+            self.batch_size = defaults.default_batch_size(self.strategy)
+        if self.portion_size == 0:
+            self.portion_size = defaults.default_portion_size(self.strategy, self.batch_size)
 
     def _validate_sandblaster(self) -> None:
         for name in ("portion_size", "history", "push_every_portions"):
@@ -198,7 +231,8 @@ FIELD_HELP: dict[str, str] = {
     "model": "model name: mlp, mlp-small, cnn, speech-tiny, speech-small, speech-medium, speech-paper, "
              "lc1d (locally connected, mnist1d), lc-image-small, lc-image-medium (locally connected, shapes)",
     "num_samples": "examples generated for the task (train + test; 20%% test)",
-    "num_classes": "speech only: number of classes (0 = 256; the paper used 8192)",
+    "num_classes": "speech only: number of classes (0 = the model's: 8192 for speech-paper, the paper's "
+                   "440-2560x4-8192; 256 for the other speech models)",
     "class_prior": "speech only: Zipf exponent s of the class frequencies, p(k) ~ 1/(k+1)^s (0 = balanced; "
                    "real acoustic states are highly skewed)",
     "strategy": "sgd (one process, plain torch loop), sync (synchronous data parallel), downpour (async), "
@@ -212,16 +246,19 @@ FIELD_HELP: dict[str, str] = {
     "fetch_every": "n_fetch: fetch parameters every N steps",
     "push_every": "n_push: push the accumulated gradient every N steps",
     "server_optimizer": "update rule on the shards: sgd (fixed rate) or adagrad (the paper's)",
-    "lr": "server learning rate (gamma for adagrad, eta for sgd); also the rate of --strategy sgd",
+    "lr": "learning rate of the update rule (gamma for adagrad, eta for sgd), on the shards or in the sgd, "
+          "hogwild and ddp workers (0 = the recommended rate for the model, strategy and server optimizer, "
+          "from distbelief/defaults.py: e.g. mlp 0.05 with adagrad; unused by sandblaster's L-BFGS)",
     "local_lr": "alpha: the replica's local step between fetches (0 = none, as in the paper's experiments)",
     "adagrad_eps": "epsilon added to sqrt(sum g^2) (not in the paper)",
     "adagrad_initial_accumulator": "initial value of adagrad's sum of squared gradients",
     "batch_size": "minibatch size per replica step (sandblaster: examples per L-BFGS iteration; >= the training "
-                  "set = full batch)",
+                  "set = full batch) (0 = 32, or 8000 for sandblaster)",
     "warmstart_steps": "steps one replica trains alone before the others join",
     "init_params": "start every model from these parameters: a params.safetensors file or the run directory "
                    "holding one (e.g. a short single-process run: the paper's shared warmstart for Fig. 4)",
-    "overlap": "prefetch the next parameters while computing (one step staler, faster)",
+    "overlap": "prefetch the next parameters while computing (one step staler; measured slower than the default "
+               "fused push-fetch loop on one machine, see benchmarks/RESULTS.md)",
     "max_steps": "stop after this many steps per replica (sandblaster: L-BFGS iterations) (0 = no limit)",
     "max_seconds": "stop after this many seconds of training (0 = no limit)",
     "target_accuracy": "stop when test accuracy reaches this fraction (0 = never)",
@@ -239,18 +276,28 @@ FIELD_HELP: dict[str, str] = {
     "threads": "torch threads per worker process (0 = cores / replicas)",
     "max_replica_restarts": "how many times a dead replica is restarted before the run goes on without it",
     "remote_timeout_s": "how long any remote call may take before the run fails with a timeout",
-    "checkpoint_every_seconds": "each shard checkpoints its slice and optimizer state this often (0 = never)",
-    "checkpoint_every_updates": "each shard also checkpoints after this many updates (0 = not by count)",
-    "wal": "shards log applied pushes between checkpoints, so a restarted shard loses no update",
+    "durability": "how a dead parameter shard gets its state back: off (the run fails), snapshot (each shard "
+                  "saves its slice and optimizer state in the background every checkpoint_every_seconds; a "
+                  "restarted shard loses the updates since its last snapshot, counted in updates_lost) or log "
+                  "(snapshots plus a write-ahead log of every applied push: nothing acknowledged is lost, at a "
+                  "disk and throughput cost)",
+    "checkpoint_every_seconds": "durability snapshot/log: each shard snapshots its slice and optimizer state this "
+                                "often (0 = not by time)",
+    "checkpoint_every_updates": "durability snapshot/log: each shard also snapshots after this many updates (0 = "
+                                "not by count)",
+    "log_max_mb": "durability log: a shard whose write-ahead log grows past this many MB takes a snapshot, which "
+                  "starts a new log (bounds the disk use: at most about 2x this per shard)",
     "max_shard_restarts": "how many times a dead parameter shard is restarted from its checkpoint",
-    "kill_replica_after_s": "fault injection: kill a replica this many seconds into training (0 = never)",
+    "kill_replica_at_step": "fault injection: kill a replica once the run has done this many steps, all replicas "
+                            "together (sandblaster: L-BFGS iterations) (0 = never)",
     "kill_replica_id": "fault injection: which replica to kill",
     "kill_partition_id": "fault injection: kill only this partition of replica kill_replica_id (its process on "
                          "ray); the replica's whole partition group is then restarted (-1 = kill the whole replica)",
-    "kill_shard_after_s": "fault injection: kill a parameter shard this many seconds into training (0 = never)",
+    "kill_shard_at_step": "fault injection: kill a parameter shard once the run has done this many steps, all "
+                          "replicas together (sandblaster: L-BFGS iterations) (0 = never)",
     "kill_shard_id": "fault injection: which shard to kill",
     "portion_size": "sandblaster: examples per portion, the unit of work handed to a free replica (keep it much "
-                    "smaller than batch_size / replicas)",
+                    "smaller than batch_size / replicas) (0 = batch_size / 16)",
     "history": "sandblaster: L-BFGS memory m, the number of (s, y) pairs kept on the shards",
     "push_every_portions": "sandblaster: a replica sends its accumulated gradient after this many portions",
     "backup_tasks": "sandblaster: near the end of a batch, also give running portions to idle replicas "
@@ -288,10 +335,31 @@ def _coerce(name: str, typ, raw: Any) -> Any:
         raise ConfigError(name, f"expected {tname}, got {raw!r}") from None
 
 
+LEGACY = {"wal": "durability", "kill_replica_after_s": "kill_replica_at_step",
+          "kill_shard_after_s": "kill_shard_at_step"}
+
+
+def _upgrade_legacy(values: dict[str, Any]) -> dict[str, Any]:
+    """Settings of runs written before ``durability`` replaced ``wal`` (their config.toml must still resume):
+    ``wal = true`` is ``durability = "log"``; ``wal = false`` is ``"snapshot"``, or ``"off"`` when checkpoints
+    were off too. The time-based fault settings are gone: they are refused with the new name."""
+    if "wal" in values:
+        wal = str(values.pop("wal")).lower() in ("1", "true", "yes", "on")
+        if "durability" not in values:
+            ckpt = values.get("checkpoint_every_seconds", 30.0) or values.get("checkpoint_every_updates", 0)
+            values["durability"] = "log" if wal else ("snapshot" if ckpt else "off")
+    for old in ("kill_replica_after_s", "kill_shard_after_s"):
+        if old in values and values[old]:
+            raise ConfigError(old, f"faults are injected by step now: use {LEGACY[old]} (the run's step count)")
+        values.pop(old, None)
+    return values
+
+
 def config_from(values: dict[str, Any], base: RunConfig | None = None) -> RunConfig:
     """A config from ``base`` (defaults if None) with ``values`` applied; unknown keys are errors."""
     known = {f.name: f for f in fields(RunConfig)}
     cfg = dataclasses.replace(base) if base is not None else RunConfig()
+    values = _upgrade_legacy(dict(values))
     for key, raw in values.items():
         name = key.replace("-", "_")
         if name not in known:

@@ -26,3 +26,7 @@ class RoleFailedError(DistBeliefError):
 
 class ClusterUnreachableError(DistBeliefError, ConnectionError):
     """The Ray cluster named by --address could not be reached."""
+
+
+class DivergedError(DistBeliefError):
+    """Training diverged: the loss became non-finite or exploded. The message names ``--lr`` and a lower rate."""

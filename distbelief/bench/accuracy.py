@@ -45,8 +45,7 @@ class Recipe:
 FULL = Recipe(
     label="speech 440-256x2-8192 sigmoid (2.3M parameters), 8192 Zipf classes",
     common=dict(task="speech", num_samples=300_000, num_classes=8192, class_prior=1.0, model="speech-tiny",
-                batch_size=128, eval_every_seconds=5.0, eval_samples=3000, train_eval_samples=1000, seed=0,
-                checkpoint_every_seconds=0.0, wal=False),
+                batch_size=128, eval_every_seconds=5.0, eval_samples=3000, train_eval_samples=1000, seed=0),
     warmstart=dict(strategy="sgd", server_optimizer="sgd", lr=2.0, threads=1, max_steps=500),
     # Calibrated on this 2-core machine (docs/reproducing.md, benchmarks/results/fig4-calibration-*.json): every
     # method but Sandblaster reached 0.13 within 100 s in the calibration runs; 0.14 took 135-140 s for the best.
@@ -72,7 +71,7 @@ QUICK = Recipe(
     label="quick: speech 440-256x2-64 sigmoid, 64 classes (mechanics only)",
     common=dict(task="speech", num_samples=4000, num_classes=64, class_prior=1.0, model="speech-tiny",
                 batch_size=64, eval_every_seconds=0.5, eval_samples=400, train_eval_samples=400, seed=0,
-                checkpoint_every_seconds=0.0, wal=False, remote_timeout_s=120.0),
+                remote_timeout_s=120.0),
     warmstart=dict(strategy="sgd", server_optimizer="sgd", lr=0.5, threads=1, max_steps=10),
     target_accuracy=0.12,
     max_seconds=1.5,

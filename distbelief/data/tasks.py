@@ -37,7 +37,12 @@ class TaskSpec:
 
     def resolved(self) -> "TaskSpec":
         if self.name == "speech" and self.num_classes == 0:
-            return TaskSpec(self.name, self.num_samples, 256, self.seed, self.test_fraction, self.class_prior)
+            # RunConfig.validate() has already chosen the model's count (8192 for speech-paper); a bare spec
+            # gets the small models' default.
+            from distbelief.defaults import SPEECH_CLASSES
+
+            return TaskSpec(self.name, self.num_samples, SPEECH_CLASSES, self.seed, self.test_fraction,
+                            self.class_prior)
         if self.name == "mnist1d":
             return TaskSpec(self.name, self.num_samples, 10, self.seed, self.test_fraction)
         if self.name == "shapes":

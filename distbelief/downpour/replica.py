@@ -74,6 +74,10 @@ class ModelReplica:
         self.zero_copy = shared is not None
         self.accrued = torch.zeros_like(self.grads)
         self._stop = threading.Event()
+        self._go = threading.Event()  # cleared by pause(): the loop waits at its next step boundary
+        self._go.set()
+        self._paused = threading.Event()  # set while the loop waits there
+        self._running = False
         self._killed = False
         self.steps = 0
         self.examples = 0
@@ -86,6 +90,35 @@ class ModelReplica:
     # -- control (callable from another thread) --
     def stop(self) -> None:
         self._stop.set()
+
+    def pause(self, timeout_s: float) -> bool:
+        """Hold the loop at its next step boundary, once its pushes are applied (the driver evaluates the
+        server's parameters meanwhile, off the training clock). True once it holds (or is not running); False
+        if it did not get there within ``timeout_s``."""
+        self._go.clear()
+        deadline = time.monotonic() + timeout_s
+        while self._running and not self._paused.is_set():
+            if time.monotonic() >= deadline:
+                return False
+            self._paused.wait(0.05)
+        return True
+
+    def resume(self) -> None:
+        self._go.set()
+
+    def _hold_if_paused(self, pending_push):
+        """The loop's side of pause(): settle the push in flight, then wait for resume() (or stop)."""
+        if self._go.is_set():
+            return pending_push
+        if pending_push is not None:
+            pending_push.result(self.settings.remote_timeout_s)
+            pending_push = None
+        self._paused.set()
+        while not self._go.wait(0.05):
+            if self._stop.is_set() or self._killed:
+                break
+        self._paused.clear()
+        return pending_push
 
     def kill(self) -> None:
         self._killed = True
@@ -131,6 +164,14 @@ class ModelReplica:
         deadline = math.inf if max_seconds is None else time.monotonic() + max_seconds
         limit = math.inf if max_steps is None else max_steps
         self._stop.clear()
+        self._running = True
+        try:
+            return self._loop(limit, deadline)
+        finally:
+            self._running = False
+
+    def _loop(self, limit: float, deadline: float) -> dict:
+        s = self.settings
         pending_fetch = None
         pending_push = None
         versions: list[int] | None = None
@@ -145,6 +186,10 @@ class ModelReplica:
                     pending_fetch = self.client.fetch_async()
                 versions = self._load(pending_fetch)
                 pending_fetch = None
+            if not self._go.is_set():  # a pause: hold here, with our pushes applied and parameters loaded
+                paused_at = time.monotonic()
+                pending_push = self._hold_if_paused(pending_push)
+                deadline += time.monotonic() - paused_at  # a pause is not training time
             if s.overlap and (local_step + 1) % s.fetch_every == 0 and local_step + 1 < limit:
                 pending_fetch = self.client.fetch_async()  # the next parameters travel while we compute
 
@@ -195,8 +240,13 @@ class ModelReplica:
         return handle
 
     # -- synchronous data parallelism (one step, driven by the trainer) --
-    def sync_step(self):
-        """Fetch the current parameters, compute one minibatch gradient, return it (a float32 numpy array)."""
+    def sync_step(self) -> tuple:
+        """Fetch the current parameters, compute one minibatch gradient and return it split by shard:
+        ``(part_0, ..., part_{K-1}, summary)``, part k a float32 copy of shard k's range of the gradient and
+        ``summary`` a small dict (``loss``, ``examples``).
+
+        Why split: the trainer calls this with ``Runtime.call_split``, so each part goes from this replica
+        straight to its shard and the driver waits on the summary alone, never holding a gradient."""
         self._load(self.client.fetch_async())
         x, y = self.batches.next_batch()
         t0 = time.perf_counter()
@@ -205,4 +255,7 @@ class ModelReplica:
         self.steps += 1
         self.examples += len(y)
         self.loss_ema = loss if math.isnan(self.loss_ema) else 0.9 * self.loss_ema + 0.1 * loss
-        return self.grads.numpy().copy()
+        g = self.grads.numpy()
+        layout = self.client.layout
+        parts = tuple(g[lo:hi].copy() for lo, hi in map(layout.range, range(layout.num_shards)))
+        return (*parts, {"loss": loss, "examples": len(y)})

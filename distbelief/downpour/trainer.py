@@ -112,7 +112,8 @@ class ParameterServerTrainer:
         server_state = None
         if resume:
             if self.durability is None:
-                raise ConfigError("resume", "the run has no checkpoints (wal = false and checkpoint_every_* = 0)")
+                raise ConfigError("resume", "the run keeps no checkpoints with --durability off; resume with "
+                                            "--durability snapshot or log")
             server_state = load_server_state(self.durability.root, self.total, self.optimizer)
             for msg in server_state.corrupt_checkpoints:
                 self.rec.log(f"resume: skipped a damaged checkpoint, using the previous good one: {msg}")
@@ -161,7 +162,7 @@ class ParameterServerTrainer:
     # ---------------------------------------------------------------- durability and shard failures
     def _durability(self) -> Durability | None:
         cfg = self.cfg
-        if not (cfg.checkpoint_every_seconds or cfg.checkpoint_every_updates or cfg.wal):
+        if cfg.durability == "off":
             return None
         if cfg.out:
             root = Path(cfg.out) / "checkpoints"
@@ -169,7 +170,8 @@ class ParameterServerTrainer:
             self._tmp = tempfile.TemporaryDirectory(prefix="distbelief-ckpt-")
             root = Path(self._tmp.name)
         return Durability(str(root.resolve()), every_updates=cfg.checkpoint_every_updates,
-                          every_seconds=cfg.checkpoint_every_seconds, wal=cfg.wal)
+                          every_seconds=cfg.checkpoint_every_seconds, wal=cfg.durability == "log",
+                          log_max_bytes=int(cfg.log_max_mb * 2**20))
 
     def _check_shards(self) -> None:
         """Restart any shard whose process died (from its checkpoint + log), while the replicas keep going."""
@@ -182,8 +184,8 @@ class ParameterServerTrainer:
 
     def _restart_shard(self, k: int, err: Exception) -> None:
         if self.durability is None:
-            raise RoleFailedError(f"parameter shard {k} died ({err}) and durability is off (wal = false, no "
-                                  f"checkpoints): its parameters are lost") from err
+            raise RoleFailedError(f"parameter shard {k} died ({err}) and --durability is off: its parameters are "
+                                  f"lost (use --durability snapshot or log to survive this)") from err
         if self._shard_restarts_by_id[k] >= self.cfg.max_shard_restarts:
             raise RoleFailedError(f"parameter shard {k} died again after {self.cfg.max_shard_restarts} restarts "
                                   f"(max_shard_restarts)") from err
@@ -313,6 +315,38 @@ class ParameterServerTrainer:
                     raise
                 self._check_shards()
 
+    def _pause_replicas(self) -> list[int]:
+        """Hold every running replica at its next step boundary (its pushes applied); returns those held."""
+        futs = [(rid, self.runtime.call(st.role, "pause", self.timeout_s)) for rid, st in self.replicas.items()
+                if st.alive and st.future is not None and not st.finished]
+        held = []
+        for rid, f in futs:
+            try:
+                if f.result(self.timeout_s + 5.0):
+                    held.append(rid)
+                else:
+                    self.rec.log(f"replica {rid} did not pause within {self.timeout_s:.0f}s (remote_timeout_s); "
+                                 f"evaluating while it trains")
+            except (RoleFailedError, RemoteTimeoutError):
+                pass  # it died: the supervisor restarts it
+        return held
+
+    def _resume_replicas(self) -> None:
+        for st in self.replicas.values():
+            if st.alive:
+                self.runtime.call(st.role, "resume")  # fire and forget: a dead one is found by the supervisor
+
+    def evaluate_paused(self) -> dict:
+        """Evaluate with the replicas held and the training clock stopped: evaluation never competes with
+        training for the cores, and the time axis is training time (as for every other strategy)."""
+        self._pause_replicas()
+        self.clock.pause()
+        try:
+            return self.evaluate_now()
+        finally:
+            self.clock.resume()
+            self._resume_replicas()
+
     def evaluate_now(self) -> dict:
         wall = self.clock.elapsed()
         flat = self._read_server(self.server_params)
@@ -426,7 +460,8 @@ class ParameterServerTrainer:
             pending = {rid: st for rid, st in self.replicas.items() if rid in rids and st.alive and not st.finished}
             if not pending:
                 return next_eval
-            wait = max(0.0, min(next_eval - self.clock.elapsed(), 0.5))
+            # A fault due at a step is looked for every 20 ms, so it lands close to that step.
+            wait = max(0.0, min(next_eval - self.clock.elapsed(), 0.02 if self._fault_pending() else 0.5))
             done = self.runtime.wait_any([st.future for st in pending.values()], wait)
             for rid, st in pending.items():
                 if st.future in done:
@@ -438,7 +473,7 @@ class ParameterServerTrainer:
             self._maybe_inject_fault()
             self._check_shards()
             if self.clock.elapsed() >= next_eval:
-                self.evaluate_now()
+                self.evaluate_paused()
                 next_eval = self.clock.elapsed() + self.cfg.eval_every_seconds
             if stopping_since is None and self._should_stop():
                 stopping_since = time.monotonic()
@@ -449,27 +484,46 @@ class ParameterServerTrainer:
                 raise RemoteTimeoutError(
                     f"replicas did not stop within {self.timeout_s:.0f}s of being asked (remote_timeout_s)")
 
-    def _maybe_inject_fault(self) -> None:
+    def _run_steps(self) -> int:
+        """The run's steps so far, all replicas together (polled from the replicas)."""
+        if self.cfg.strategy != "sync":
+            self._poll_replicas()
+        return sum(st.steps for st in self.replicas.values())
+
+    def _fault_pending(self) -> bool:
         cfg = self.cfg
-        if cfg.kill_shard_after_s and not self._shard_killed_once and self.clock.elapsed() >= cfg.kill_shard_after_s:
+        return bool(cfg.kill_shard_at_step and not self._shard_killed_once) or bool(
+            cfg.kill_replica_at_step and not self._killed_once)
+
+    def _maybe_inject_fault(self) -> None:
+        """Fault injection by step (never by wall-clock time, so a test's fault always lands at the same point
+        of the run): kill a shard and/or a replica once the run has done ``kill_*_at_step`` steps."""
+        cfg = self.cfg
+        shard_due = cfg.kill_shard_at_step and not self._shard_killed_once
+        replica_due = cfg.kill_replica_at_step and not self._killed_once
+        if not (shard_due or replica_due):
+            return
+        steps = self._run_steps()
+        if shard_due and steps >= cfg.kill_shard_at_step:
             self._shard_killed_once = True
-            self.events.append({"event": "shard killed", "id": cfg.kill_shard_id, "wall_s": self.clock.elapsed()})
-            self.rec.log(f"fault injection: killing parameter shard {cfg.kill_shard_id}")
+            self.events.append({"event": "shard killed", "id": cfg.kill_shard_id, "wall_s": self.clock.elapsed(),
+                                "step": steps})
+            self.rec.log(f"fault injection: killing parameter shard {cfg.kill_shard_id} at step {steps}")
             self.runtime.kill(self.shards[cfg.kill_shard_id])
-        if cfg.kill_replica_after_s and not self._killed_once and self.clock.elapsed() >= cfg.kill_replica_after_s:
+        if replica_due and steps >= cfg.kill_replica_at_step:
             st = self.replicas.get(cfg.kill_replica_id)
             if st is not None and st.alive and not st.finished:
                 self._killed_once = True
                 self.events.append({"event": "replica killed", "id": cfg.kill_replica_id,
-                                    "wall_s": self.clock.elapsed()})
+                                    "wall_s": self.clock.elapsed(), "step": steps})
                 if cfg.kill_partition_id >= 0:  # one partition's process: its whole group must fail and restart
                     from distbelief.runtime.partition_groups import kill_partition
 
                     self.rec.log(f"fault injection: killing partition {cfg.kill_partition_id} of replica "
-                                 f"{cfg.kill_replica_id}")
+                                 f"{cfg.kill_replica_id} at step {steps}")
                     kill_partition(self.runtime, st.role, cfg.kill_partition_id)
                 else:
-                    self.rec.log(f"fault injection: killing replica {cfg.kill_replica_id}")
+                    self.rec.log(f"fault injection: killing replica {cfg.kill_replica_id} at step {steps}")
                     self.runtime.kill(st.role)
 
     def run_downpour(self) -> None:
@@ -511,23 +565,31 @@ class ParameterServerTrainer:
             live = [rid for rid, st in self.replicas.items() if st.alive]
             if not live:
                 raise DistBeliefError("every replica failed and none could be restarted")
-            futs = {rid: self.runtime.call(self.replicas[rid].role, "sync_step") for rid in live}
+            # Each replica returns its gradient split by shard; the driver waits for the small summaries only,
+            # and shard k receives part k of every gradient straight from the replicas (Runtime.call_split).
+            futs = {rid: self.runtime.call_split(self.replicas[rid].role, "sync_step", cfg.shards) for rid in live}
             grads = []
             for rid, f in futs.items():
                 try:
-                    f.result(self.timeout_s)
-                    grads.append(f.as_arg())
+                    f.result(self.timeout_s)  # raises here if the replica died or failed: its parts are unusable
+                    grads.append(f)
                 except (RoleFailedError, RemoteTimeoutError) as e:
                     self._handle_sync_failure(rid, e)
             self._maybe_inject_fault()
             self._check_shards()
             if grads:
-                for k, s in enumerate(self.shards):
+                def apply_on(k: int) -> Future:
+                    parts = [g.part(k) for g in grads]
+                    return self.runtime.call_with_parts(self.shards[k], "apply_mean", parts, self.layout.range(k)[0],
+                                                        self.total)
+
+                applying = [apply_on(k) for k in range(cfg.shards)]  # every shard at once, not one after another
+                for k, f in enumerate(applying):
                     try:
-                        self.runtime.call(s, "apply_mean", *grads).result(self.timeout_s)
+                        f.result(self.timeout_s)
                     except RoleFailedError as e:  # died mid-step: restore it, then apply this step there
                         self._restart_shard(k, e)
-                        self.runtime.call(self.shards[k], "apply_mean", *grads).result(self.timeout_s)
+                        apply_on(k).result(self.timeout_s)
                 self.examples_sync += cfg.batch_size * len(grads)
                 step += 1
                 for st in self.replicas.values():

@@ -62,6 +62,10 @@ class PartitionReplica:
         self.local_optimizer = local_optimizer
         self.opt_state = local_optimizer.init_state(self.hi - self.lo) if local_optimizer is not None else {}
         self._stop = threading.Event()
+        self._resumed = threading.Event()  # cleared by pause(): the head holds the lockstep at its next step
+        self._resumed.set()
+        self._held = threading.Event()
+        self._running = False
         self._killed = False
         self.steps = self.examples = self.pushes = 0
         self.control_messages = 0
@@ -71,6 +75,31 @@ class PartitionReplica:
     # -- control (callable from another thread) --
     def stop(self) -> None:
         self._stop.set()
+
+    def pause(self, timeout_s: float) -> bool:
+        """Head only: hold the group's lockstep at the next step boundary (the other partitions then wait for
+        the head's next message, idle) while the driver evaluates. True once held or not running."""
+        self._resumed.clear()
+        deadline = time.monotonic() + timeout_s
+        while self._running and not self._held.is_set():
+            if time.monotonic() >= deadline:
+                return False
+            self._held.wait(0.05)
+        return True
+
+    def resume(self) -> None:
+        self._resumed.set()
+
+    def _hold(self, pending_push):
+        if pending_push is not None:  # our push is applied before the driver reads the server
+            pending_push.result(self.settings.remote_timeout_s)
+            pending_push = None
+        self._held.set()
+        while not self._resumed.wait(0.05):
+            if self._stop.is_set() or self._killed:
+                break
+        self._held.clear()
+        return pending_push
 
     def kill(self) -> None:
         self._killed = True
@@ -121,10 +150,17 @@ class PartitionReplica:
 
     def run(self, max_steps: int | None = None, max_seconds: float | None = None) -> dict[str, Any]:
         """Train until the head stops (step limit, deadline or ``stop()``). Returns ``stats()``."""
-        s = self.settings
         deadline = math.inf if max_seconds is None else time.monotonic() + max_seconds
         limit = math.inf if max_steps is None else max_steps
         self._stop.clear()
+        self._running = True
+        try:
+            return self._loop(limit, deadline)
+        finally:
+            self._running = False
+
+    def _loop(self, limit: float, deadline: float) -> dict[str, Any]:
+        s = self.settings
         pending_fetch = pending_push = None
         versions = acc_versions = None
         acc_count = acc_examples = 0
@@ -135,6 +171,10 @@ class PartitionReplica:
             if self.client is not None and local_step % s.fetch_every == 0:
                 versions = self._load(pending_fetch if pending_fetch is not None else self.client.fetch_async())
                 pending_fetch = None
+            if self.is_head and not self._resumed.is_set():  # a pause for evaluation (see pause())
+                paused_at = time.monotonic()
+                pending_push = self._hold(pending_push)
+                deadline += time.monotonic() - paused_at  # a pause is not training time
             if self.client is not None and s.overlap and (local_step + 1) % s.fetch_every == 0:
                 pending_fetch = self.client.fetch_async()  # our next range travels while we compute
 

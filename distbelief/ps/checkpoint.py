@@ -33,7 +33,7 @@ def _digest(tensors: dict[str, torch.Tensor]) -> str:
     h = hashlib.sha256()
     for name in sorted(tensors):
         h.update(name.encode())
-        h.update(tensors[name].contiguous().numpy().tobytes())
+        h.update(tensors[name].contiguous().numpy().reshape(-1).view(np.uint8))  # hashed in place, no copy
     return h.hexdigest()
 
 
@@ -131,6 +131,7 @@ class WriteAheadLog:
         self.dir = shard_dir(root, shard_id)
         self.dir.mkdir(parents=True, exist_ok=True)
         self._f = None
+        self.bytes_since_start = 0  # bytes appended to the current log file (the shard caps it: log_max_mb)
 
     def _path(self, base_version: int) -> Path:
         return self.dir / f"wal-{base_version:012d}.log"
@@ -140,12 +141,15 @@ class WriteAheadLog:
         if self._f is not None:
             self._f.close()
         self._f = open(self._path(base_version), "ab", buffering=0)
+        self.bytes_since_start = 0
 
     def append(self, version_after: int, start: int, stop: int, num_examples: int, grad: np.ndarray,
                session: int = 0, seq: int = 0) -> None:
-        data = np.ascontiguousarray(grad, dtype=np.float32).tobytes()
+        data = np.ascontiguousarray(grad, dtype=np.float32).reshape(-1).view(np.uint8)  # written in place
         header = _HEADER.pack(_MAGIC, version_after, start, stop, num_examples, session, seq, zlib.crc32(data))
-        self._f.write(header + data)
+        self._f.write(header)
+        self._f.write(data)
+        self.bytes_since_start += _HEADER.size + data.size
 
     def drop_before(self, base_version: int) -> None:
         """Delete logs made obsolete by a checkpoint at ``base_version``."""

@@ -11,9 +11,11 @@ parameter-sized vector.
 
 from __future__ import annotations
 
+import threading
 import time
 import warnings
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
@@ -50,13 +52,52 @@ def _as_tensor(a) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class Durability:
-    """Where and how often a shard saves its state (see distbelief.ps.checkpoint)."""
+    """Where and how often a shard saves its state (see distbelief.ps.checkpoint).
+
+    ``wal`` False is the ``snapshot`` mode (a restarted shard loses the updates since its last snapshot, and
+    says how many), True the ``log`` mode (a write-ahead log of every applied push: it loses none)."""
 
     root: str
     every_updates: int = 0  # 0 = not by count
     every_seconds: float = 30.0  # 0 = not by time
     wal: bool = True
     keep: int = 3
+    log_max_bytes: int = 1 << 30  # a log this large triggers a snapshot, which starts a new log
+    background: bool = True  # periodic snapshots are written by a thread, off the push path
+
+
+class _SnapshotWriter:
+    """Writes one snapshot at a time in a background thread.
+
+    The shard copies its state into reusable buffers on its own thread (a memcpy, the only cost on the push
+    path) and hands them here; serialising, hashing and fsyncing happen in this thread, which mostly runs with
+    the GIL released. While a write is in flight the shard takes no new snapshot (it tries again at the next
+    push), so the buffers are never overwritten mid-write."""
+
+    def __init__(self):
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    def busy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def submit(self, write: Callable[[], None]) -> None:
+        self._thread = threading.Thread(target=self._run, args=(write,), name="distbelief-snapshot", daemon=True)
+        self._thread.start()
+
+    def _run(self, write: Callable[[], None]) -> None:
+        try:
+            write()
+        except BaseException as e:  # noqa: BLE001 - reported by the next snapshot or stats()
+            self.error = e
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self.error is not None:
+            err, self.error = self.error, None
+            raise RuntimeError(f"a background snapshot failed: {err}") from err
 
 
 class ParameterShard:
@@ -108,6 +149,9 @@ class ParameterShard:
         self._wal = None
         self._last_ckpt_version = self.version
         self._last_ckpt_time = time.monotonic()
+        self._writer = _SnapshotWriter()
+        self._snap_bufs: dict[str, torch.Tensor] = {}  # reused by every background snapshot
+        self.snapshot_s = 0.0  # time the push path spent copying state for background snapshots
         if durability is not None:
             from distbelief.ps.checkpoint import WriteAheadLog
 
@@ -119,31 +163,62 @@ class ParameterShard:
     COUNTERS = ("version", "examples", "rejected_pushes", "staleness_sum", "staleness_max", "staleness_count",
                 "bytes_pushed", "bytes_fetched")
 
-    def checkpoint(self) -> int:
-        """Write a checkpoint now (atomic, checksummed). Returns the version saved."""
-        from distbelief.ps.checkpoint import save_checkpoint
-
-        d = self.durability
-        if d is None:
-            raise RuntimeError(f"shard {self.shard_id} has no checkpoint directory configured")
+    def _state(self, copy_into: dict[str, torch.Tensor] | None = None) -> tuple[dict, dict[str, torch.Tensor]]:
+        """``(meta, tensors)`` of a checkpoint of the current state. With ``copy_into`` the tensors are copies
+        in those (reused) buffers, so the live state may change while they are written."""
         meta = {"shard_id": self.shard_id, "lo": self.lo, "hi": self.hi, "total": self.total}
         meta.update({k: getattr(self, k) for k in self.COUNTERS})
         tensors = {PARAMS: self.vectors[PARAMS]}
         tensors.update({f"opt.{k}": v for k, v in self.opt_state.items() if not k.startswith("tmp")})
+        if copy_into is not None:
+            for name, v in tensors.items():
+                buf = copy_into.get(name)
+                if buf is None or buf.shape != v.shape:
+                    buf = copy_into[name] = torch.empty_like(v)
+                tensors[name] = buf.copy_(v)
         if self.last_seq:
             tensors["dedup.sessions"] = torch.tensor(list(self.last_seq), dtype=torch.int64)
             tensors["dedup.seqs"] = torch.tensor(list(self.last_seq.values()), dtype=torch.int64)
+        return meta, tensors
+
+    def _write(self, meta: dict, tensors: dict[str, torch.Tensor]) -> None:
+        """Save one checkpoint; in log mode, then drop the logs no kept checkpoint needs."""
+        from distbelief.ps.checkpoint import save_checkpoint, shard_dir
+
+        d = self.durability
         save_checkpoint(d.root, self.shard_id, meta, tensors, keep=d.keep)
         self.checkpoints_written += 1
-        self._last_ckpt_version, self._last_ckpt_time = self.version, time.monotonic()
         if self._wal is not None:
-            from distbelief.ps.checkpoint import shard_dir
-
-            self._wal.start(self.version)
             kept = sorted(shard_dir(d.root, self.shard_id).glob("ckpt-*.safetensors"))
             # Keep the log back to the oldest kept checkpoint, so falling back to it still loses nothing.
-            self._wal.drop_before(int(kept[0].stem.split("-")[1]) if kept else self.version)
+            self._wal.drop_before(int(kept[0].stem.split("-")[1]) if kept else meta["version"])
+
+    def _mark_snapshot(self) -> None:
+        """The state as of now is (being) saved: later pushes go to a new log, the cadence restarts."""
+        self._last_ckpt_version, self._last_ckpt_time = self.version, time.monotonic()
+        if self._wal is not None:
+            self._wal.start(self.version)
+
+    def checkpoint(self) -> int:
+        """Write a checkpoint now, in this thread (atomic, checksummed); waits for a background snapshot in
+        flight first. Returns the version saved."""
+        if self.durability is None:
+            raise RuntimeError(f"shard {self.shard_id} has no checkpoint directory configured")
+        self._writer.wait()
+        meta, tensors = self._state()
+        self._mark_snapshot()
+        self._write(meta, tensors)
         return self.version
+
+    def _snapshot_in_background(self) -> None:
+        """Copy the state (the only work on the push path) and let the writer thread save it."""
+        t0 = time.perf_counter()
+        if self._writer.error is not None:
+            self._writer.wait()  # raises: a shard that cannot save its state must say so, not go on silently
+        meta, tensors = self._state(copy_into=self._snap_bufs)
+        self._mark_snapshot()
+        self._writer.submit(lambda: self._write(meta, tensors))
+        self.snapshot_s += time.perf_counter() - t0
 
     def _after_update(self, start: int, stop: int, num_examples: int, g: torch.Tensor, session: int = 0,
                       seq: int = 0) -> None:
@@ -153,9 +228,28 @@ class ParameterShard:
         if self._wal is not None:
             self._wal.append(self.version, start, stop, num_examples, g.numpy(), session, seq)
         due = (d.every_updates and self.version - self._last_ckpt_version >= d.every_updates) or (
-            d.every_seconds and time.monotonic() - self._last_ckpt_time >= d.every_seconds)
-        if due:
+            d.every_seconds and time.monotonic() - self._last_ckpt_time >= d.every_seconds) or (
+            self._wal is not None and self._wal.bytes_since_start >= d.log_max_bytes)
+        if not due:
+            return
+        if not d.background:
             self.checkpoint()
+        elif not self._writer.busy():  # else: the previous snapshot is still being written; try at the next push
+            self._snapshot_in_background()
+
+    def kill(self) -> None:
+        """The in-process runtime's simulated process death: a snapshot being written lands (or not) before a
+        replacement reads the directory, as with a real death, where the write either was renamed into place
+        or is a stray temporary file."""
+        try:
+            self._writer.wait()
+        except RuntimeError:
+            pass
+
+    def flush(self) -> int:
+        """Wait for a background snapshot in flight. Returns the checkpoints written so far."""
+        self._writer.wait()
+        return self.checkpoints_written
 
     @classmethod
     def restore(cls, shard_id: int, lo: int, hi: int, optimizer, total: int, durability: Durability,
@@ -345,6 +439,8 @@ class ParameterShard:
             "replayed_updates": self.replayed_updates,
             "corrupt_checkpoints": list(self.corrupt_checkpoints),
             "checkpoints_written": self.checkpoints_written,
+            "snapshot_version": self._last_ckpt_version,
+            "snapshot_s": self.snapshot_s,
             "duplicate_pushes": self.duplicate_pushes,
         }
 

@@ -12,6 +12,8 @@ import time
 from abc import ABC, abstractmethod
 from typing import Any, Callable, Sequence
 
+import numpy as np
+
 from distbelief.exceptions import RoleFailedError
 
 
@@ -43,6 +45,46 @@ class _Chained(Future):
 
     def done(self) -> bool:
         return self.push.done() and self.fetch.done()
+
+
+class SplitFuture(Future):
+    """A call whose method returns ``(part_0, ..., part_{n-1}, summary)`` (see ``Runtime.call_split``).
+
+    ``result`` returns only the small ``summary``: waiting for the call, and learning that it failed, costs no bulk
+    transfer. ``part(k)`` is what to hand on to the role that consumes part k (``Runtime.call_with_parts``)."""
+
+    @abstractmethod
+    def part(self, k: int) -> Any: ...
+
+
+class _WholeSplit(SplitFuture):
+    """The default split call: the whole answer comes back through ``Runtime.call`` (fine in one process)."""
+
+    def __init__(self, inner: Future):
+        self.inner, self._value = inner, None
+
+    def result(self, timeout_s: float):
+        self._value = self.inner.result(timeout_s)
+        return self._value[-1]
+
+    def done(self) -> bool:
+        return self.inner.done()
+
+    def part(self, k: int):
+        if self._value is None:
+            raise RuntimeError("part() before result(): wait for the split call first")
+        return self._value[k]
+
+
+def at_offset(part, lo: int, total: int) -> np.ndarray:
+    """``part`` placed at flat offset ``lo`` of an otherwise-zero float32 vector of length ``total``.
+
+    Why: ``ParameterShard.apply_mean`` takes full-length gradients and reads its own range of each; a gradient split
+    per shard carries only that range over the wire, so it is put back in place where the shard lives."""
+    full = np.zeros(total, dtype=np.float32)  # calloc'd: pages outside the part are not touched
+    part = np.asarray(part, dtype=np.float32).reshape(-1)
+    full[lo: lo + part.size] = part
+    return full
 
 
 class Role:
@@ -147,6 +189,18 @@ class Runtime(ABC):
     @abstractmethod
     def call(self, role: Role, method: str, *args, **kwargs) -> Future:
         """Call ``method`` on the role's object asynchronously."""
+
+    def call_split(self, role: Role, method: str, num_parts: int, *args) -> SplitFuture:
+        """Call ``method``, which returns ``num_parts`` arrays and then a small summary, so that each part can go
+        on to a different role (``call_with_parts``) without visiting the driver. On Ray every part is an object
+        of its own, left where it was made; here the whole answer comes back as one value."""
+        return _WholeSplit(self.call(role, method, *args))
+
+    def call_with_parts(self, role: Role, method: str, parts: list, lo: int, total: int) -> Future:
+        """Call ``method(*vectors)`` on ``role``: each vector has length ``total`` and holds one of ``parts``
+        (``SplitFuture.part`` values, all covering ``[lo, lo + len)``) at offset ``lo``, zeros elsewhere. Only
+        the parts travel; they are placed at their offset where ``role`` lives."""
+        return self.call(role, method, *[at_offset(p, lo, total) for p in parts])
 
     @abstractmethod
     def shard_client(self, shards: list[Role], layout, replica_id: int = -1) -> ShardClient:

@@ -96,6 +96,12 @@ class InProcessPartitionGroup:
     def stop(self) -> None:
         self.parts[0].stop()  # the head ends the lockstep for everyone
 
+    def pause(self, timeout_s: float) -> bool:
+        return self.parts[0].pause(timeout_s)  # the head holds the lockstep for everyone
+
+    def resume(self) -> None:
+        self.parts[0].resume()
+
     def kill(self) -> None:
         """Tear the whole group down: every partition stops, blocked receives fail, the threads are released."""
         for part in self.parts:

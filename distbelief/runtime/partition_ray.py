@@ -4,7 +4,8 @@ Layout of one replica::
 
     PartitionGroupActor (0 CPU: the replica role the trainer calls — run / stop / stats / kill)
       └─ placement group, P bundles, PACK (co-located where the cluster has room)
-           PartitionActor 0 (head) ... PartitionActor P-1   (1 CPU each)
+           PartitionActor 0 (head) ... PartitionActor P-1   (1 CPU each; a share of one when the local Ray runs
+                                                             oversubscribed, see RayRuntime.check_capacity)
 
 Transport choice (measured with an actor ping-pong, numbers in docs/partitioning.md): a partition sends a
 boundary tensor as a plain numpy array argument of a one-way ``deliver`` call on the destination actor. Ray
@@ -39,7 +40,7 @@ from distbelief.partition.replica import merge_partition_stats
 from distbelief.partition.transport import Mailbox, Transport
 from distbelief.runtime.base import Future, Role, ShardClient
 
-PARTITION_CPUS = 1.0
+PARTITION_CPUS = 1.0  # the default; the runtime's ``partition_cpus`` is what a partition asks for
 
 
 def _to_tensor(arr: np.ndarray) -> torch.Tensor:
@@ -174,20 +175,20 @@ class PartitionGroupActor:
     """A model replica made of P partition actors; answers the calls of a replica role."""
 
     def __init__(self, replica_id: int, factory: Callable, shard_handles, layout, num_partitions: int,
-                 threads: int, timeout_s: float, startup_timeout_s: float):
+                 threads: int, timeout_s: float, startup_timeout_s: float, partition_cpus: float = PARTITION_CPUS):
         self.replica_id, self.timeout_s = replica_id, timeout_s
         # PACK: all partitions of a replica on one node when it has room (their messages then stay in shared
         # memory), spread over nodes otherwise.
-        self.pg = placement_group([{"CPU": PARTITION_CPUS}] * num_partitions, strategy="PACK")
+        self.pg = placement_group([{"CPU": partition_cpus}] * num_partitions, strategy="PACK")
         try:
             ray.get(self.pg.ready(), timeout=startup_timeout_s)
         except GetTimeoutError:
             raise RemoteTimeoutError(
-                f"replica {replica_id}: no room for {num_partitions} partitions x {PARTITION_CPUS:g} CPU within "
+                f"replica {replica_id}: no room for {num_partitions} partitions x {partition_cpus:g} CPU within "
                 f"{startup_timeout_s:.0f}s; use fewer partitions or replicas") from None
         self.actors = [
             PartitionActor.options(
-                num_cpus=PARTITION_CPUS, max_restarts=0,
+                num_cpus=partition_cpus, max_restarts=0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=p),
             ).remote(threads, factory, p, replica_id, shard_handles, layout, timeout_s)
             for p in range(num_partitions)
@@ -231,6 +232,19 @@ class PartitionGroupActor:
 
     def _stop(self) -> None:
         ray.get(self.actors[0].control.remote("stop"), timeout=self.timeout_s)
+
+    def _pause(self, timeout_s: float) -> bool:
+        # Polled with zero-wait calls: the head's control calls share one thread with its message deliveries,
+        # which the head may still need to finish the step it is in.
+        deadline = time.monotonic() + timeout_s
+        while not ray.get(self.actors[0].control.remote("pause", 0.0), timeout=self.timeout_s):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
+    def _resume(self) -> None:
+        ray.get(self.actors[0].control.remote("resume"), timeout=self.timeout_s)
 
     def _stats(self) -> dict:
         return merge_partition_stats(self._all("stats", control=True))
@@ -283,19 +297,21 @@ def create_ray_partition_group(runtime, replica_id: int, factory: Callable, shar
                                threads: int, num_partitions: int) -> Role:
     """Place replica ``replica_id`` as ``num_partitions`` partition actors; returns the replica role."""
     # A static check (CPUs of dead groups come back asynchronously); the placement group's wait covers the rest.
+    # A job too big for the local Ray was given shares of a CPU by RayRuntime.check_capacity (oversubscribed).
+    cpus = getattr(runtime, "partition_cpus", PARTITION_CPUS)
     total = ray.cluster_resources().get("CPU", 0.0)
     # Replicas 0..replica_id run at the same time, each with its own partitions.
-    need = (replica_id + 1) * num_partitions * PARTITION_CPUS
+    need = (replica_id + 1) * num_partitions * cpus
     if need > total + 1e-9:
         raise ConfigError("partitions", f"{replica_id + 1} replicas x {num_partitions} partitions x "
-                                        f"{PARTITION_CPUS:g} CPU need {need:g} CPUs but the Ray cluster has "
+                                        f"{cpus:g} CPU need {need:g} CPUs but the Ray cluster has "
                                         f"{total:g}; use fewer partitions or replicas")
     handles = [s.handle for s in shards] if shards is not None else None
     per_partition_threads = max(1, threads // num_partitions)
     startup = getattr(runtime, "startup_timeout_s", 180.0)
     leader = PartitionGroupActor.options(num_cpus=0, max_concurrency=4, max_restarts=0).remote(
         replica_id, factory, handles, layout, num_partitions, per_partition_threads, runtime.remote_timeout_s,
-        startup)
+        startup, cpus)
     runtime._actors.append(leader)  # shutdown() kills it, and with it its partitions
     runtime.wait_ready([Role("replica", replica_id, leader)])
     try:

@@ -9,18 +9,21 @@ consistent.
 
 from __future__ import annotations
 
+import math
 import os
 import socket
+import sys
 import time
 from typing import Any, Callable
 
 import numpy as np
 import ray
 from ray.exceptions import GetTimeoutError, ObjectLostError, RayActorError, RayError, RayTaskError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from distbelief.exceptions import ClusterUnreachableError, ConfigError, RemoteTimeoutError, RoleFailedError
 from distbelief.runtime import shm
-from distbelief.runtime.base import Future, Role, Runtime, ShardClient
+from distbelief.runtime.base import Future, Role, Runtime, ShardClient, SplitFuture, at_offset
 
 
 def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
@@ -51,8 +54,20 @@ SYSTEM_CONFIG = {
 }
 
 
+# The node id of the local Ray instance that connect() started in this process (None: none, or it was shut down).
+_local_node_id: str | None = None
+
+
+def started_locally() -> bool:
+    """True when the Ray this process is connected to is the local instance connect() started (not a cluster
+    joined with --address, nor one the caller initialised). Only there may a job run oversubscribed."""
+    return ray.is_initialized() and _local_node_id is not None and (
+        ray.get_runtime_context().get_node_id() == _local_node_id)
+
+
 def connect(address: str | None = None, num_cpus: int | None = None) -> None:
     """Start (or join) Ray once per process. A Ray already initialised by the caller is reused as it is."""
+    global _local_node_id
     if ray.is_initialized():
         return
     common = dict(logging_level="WARNING", log_to_driver=True, configure_logging=True)
@@ -70,6 +85,39 @@ def connect(address: str | None = None, num_cpus: int | None = None) -> None:
             _system_config=SYSTEM_CONFIG,
             **common,
         )
+        _local_node_id = ray.get_runtime_context().get_node_id()
+
+
+# Shard placement. A node started with this custom resource (`ray start --resources='{"distbelief_shard": 1}'`)
+# is dedicated to parameter shards: when the cluster has any, every shard asks for a sliver of it and so lands on
+# one of them. Each shard asks for 1/1000, so a dedicated node can host up to 1000 shards.
+SHARD_NODE_RESOURCE = "distbelief_shard"
+SHARD_NODE_REQUEST = 0.001
+
+
+def shard_nodes(shard_cpus: float, dedicated: bool) -> list[str]:
+    """Ids of the alive nodes that could ever host a shard (enough CPUs in all; the dedicated resource when the
+    cluster has dedicated shard nodes), in a stable order."""
+    out = []
+    for n in ray.nodes():
+        total = n.get("Resources", {})
+        if not n.get("Alive") or total.get("CPU", 0.0) + 1e-9 < shard_cpus:
+            continue
+        if dedicated and total.get(SHARD_NODE_RESOURCE, 0.0) < SHARD_NODE_REQUEST:
+            continue
+        out.append(n["NodeID"])
+    return sorted(out)
+
+
+def least_loaded(candidates: list[str], placed: list[str]) -> str | None:
+    """The candidate node hosting the fewest of ``placed`` (the nodes of the other shards); first one on ties."""
+    if not candidates:
+        return None
+    return min(candidates, key=lambda node: (placed.count(node), candidates.index(node)))
+
+
+def _array_bytes(args) -> int:
+    return sum(a.nbytes for a in args if isinstance(a, np.ndarray))
 
 
 @ray.remote
@@ -82,9 +130,22 @@ class RoleActor:
         torch.set_num_threads(max(1, threads))
         self.obj = factory(*args)
         self._shm = shm.Attached()
+        # Bytes of the arrays that arrived as call arguments: what really reached this process (a shard's own
+        # counters count what it read, which is its range even when it was handed a whole vector).
+        self.received = 0
 
     def call(self, method: str, *args, **kwargs):
+        self.received += _array_bytes(args)
         return getattr(self.obj, method)(*args, **kwargs)
+
+    def call_placed(self, method: str, lo: int, total: int, *parts):
+        """``method`` with each part placed at flat offset ``lo`` of a full-length vector (Runtime.call_with_parts):
+        only the parts crossed the network."""
+        self.received += _array_bytes(parts)
+        return getattr(self.obj, method)(*[at_offset(p, lo, total) for p in parts])
+
+    def received_bytes(self) -> int:
+        return self.received
 
     # The shared-memory data plane (runtime/shm.py): the bulk bytes of a push or fetch are in a replica's buffer.
     def push_shm(self, path: str, size: int, *push_args):
@@ -133,6 +194,24 @@ class _RayFuture(Future):
 
     def as_arg(self):
         return self.refs
+
+
+class _RaySplit(SplitFuture):
+    """A call made with ``num_returns = parts + 1``: every part is an object of its own, stored where the role made
+    it; only the last return (the small summary) is ever fetched by the driver."""
+
+    def __init__(self, refs: list, role_name: str):
+        self.refs, self.role_name = refs, role_name
+        self.summary = _RayFuture(refs[-1], role_name)
+
+    def result(self, timeout_s: float):
+        return self.summary.result(timeout_s)
+
+    def done(self) -> bool:
+        return self.summary.done()
+
+    def part(self, k: int):
+        return self.refs[k]  # a reference: Ray moves the bytes from the producer to the consumer
 
 
 class _ShardCalls(Future):
@@ -295,28 +374,74 @@ class RayRuntime(Runtime):
                  use_shm: bool = True):
         connect(address, num_cpus)
         self.replica_cpus, self.shard_cpus = replica_cpus, shard_cpus
+        self.partition_cpus = 1.0  # each partition actor of a partitioned replica (partition_ray)
+        self._shard_node: dict[int, str] = {}  # where each shard was asked to go (spreading the next ones)
         self.startup_timeout_s, self.remote_timeout_s = startup_timeout_s, remote_timeout_s
         self._actors: list[Any] = []
         self._groups: list[Role] = []  # partitioned replicas (partition_ray.RayPartitionGroupRole)
         # Replicas on the driver's machine exchange bulk bytes with shards through /dev/shm (runtime/shm.py).
         self.shm_prefix = shm.new_prefix() if use_shm and shm.available() else None
 
-    def check_capacity(self, num_replicas: int) -> None:
-        """Refuse, before any worker starts, a job whose replicas could never all be scheduled."""
-        cpus = ray.cluster_resources().get("CPU", 0)
-        need = num_replicas * self.replica_cpus
-        if need > cpus + 1e-9:
+    def check_capacity(self, num_replicas: int, partitions: int = 1, log: Callable[[str], None] | None = None
+                       ) -> str | None:
+        """Before any worker starts, make sure every replica (each of its ``partitions`` partitions when > 1) can
+        be scheduled at once.
+
+        On a cluster joined with --address, refuse a job that does not fit: its capacity is what it is, and a
+        replica that cannot be placed would wait forever. On the local Ray we started, run it oversubscribed
+        instead (a laptop's 2 cores can still run 4 replicas): each replica or partition asks for an equal
+        share of the CPUs, and one line through ``log`` (stderr without one) says so. Returns that line, or None
+        when the job fits."""
+        cpus = ray.cluster_resources().get("CPU", 0.0)
+        unit = "partition" if partitions > 1 else "replica"
+        per_unit = self.partition_cpus if partitions > 1 else self.replica_cpus
+        units = num_replicas * partitions
+        if units * per_unit <= cpus + 1e-9:
+            return None
+        what = f"{num_replicas} replicas" + (f" x {partitions} partitions" if partitions > 1 else "")
+        if not started_locally() or cpus < 1e-3:
             raise ConfigError(
-                "replicas",
-                f"{num_replicas} replicas x {self.replica_cpus} CPU each need {need:g} CPUs but the Ray cluster "
-                f"has {cpus:g}; use fewer replicas or set replica_cpus lower",
+                "partitions" if partitions > 1 else "replicas",
+                f"{what} x {per_unit:g} CPU each need {units * per_unit:g} CPUs but the Ray cluster has {cpus:g}; "
+                f"use fewer {unit}s, or add nodes to the cluster",
             )
+        share = math.floor(cpus / units * 1e4) / 1e4  # Ray counts resources in units of 1/10000
+        if partitions > 1:
+            self.partition_cpus = share
+        else:
+            self.replica_cpus = share
+        message = (f"{what} on {cpus:g} cores: running oversubscribed (each {unit} gets a share of a core; expect "
+                   f"less than linear speed-up)")
+        if log is not None:
+            log(f"warning: {message}")
+        else:
+            print(f"[distbelief] warning: {message}", file=sys.stderr, flush=True)
+        return message
 
     def _ready(self, actor, role_name: str) -> None:
         _RayFuture(actor.pid.remote(), role_name).result(self.startup_timeout_s)
 
+    def _shard_placement(self, shard_id: int) -> dict:
+        """Ray options that place shard ``shard_id`` on the node hosting the fewest other shards, so K shards land
+        on K distinct nodes when there are that many (their traffic, memory and CPU never pile up on one
+        machine), and only on dedicated shard nodes (SHARD_NODE_RESOURCE) where the cluster has any.
+
+        Why not Ray's "SPREAD" strategy: it is best effort, and on a 3-node cluster it put 2 of 3 shards on one
+        node. The node is a soft preference: a node that died or is full spills the shard to another."""
+        dedicated = ray.cluster_resources().get(SHARD_NODE_RESOURCE, 0.0) > 0
+        others = [node for k, node in self._shard_node.items() if k != shard_id]
+        node = least_loaded(shard_nodes(self.shard_cpus, dedicated), others)
+        options: dict = {"resources": {SHARD_NODE_RESOURCE: SHARD_NODE_REQUEST}} if dedicated else {}
+        if node is None:
+            options["scheduling_strategy"] = "SPREAD"
+            return options
+        self._shard_node[shard_id] = node
+        options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=True, _spill_on_unavailable=True)
+        return options
+
     def create_shard(self, shard_id: int, factory) -> Role:
-        actor = RoleActor.options(num_cpus=self.shard_cpus, max_concurrency=1, max_restarts=0).remote(1, factory)
+        actor = RoleActor.options(num_cpus=self.shard_cpus, max_concurrency=1, max_restarts=0,
+                                  **self._shard_placement(shard_id)).remote(1, factory)
         self._actors.append(actor)
         return Role("shard", shard_id, actor)
 
@@ -334,6 +459,21 @@ class RayRuntime(Runtime):
 
     def call(self, role: Role, method: str, *args, **kwargs) -> Future:
         return _RayFuture(role.handle.call.remote(method, *args, **kwargs), role.name)
+
+    def call_split(self, role: Role, method: str, num_parts: int, *args) -> SplitFuture:
+        refs = role.handle.call.options(num_returns=num_parts + 1).remote(method, *args)
+        return _RaySplit(list(refs), role.name)
+
+    def call_with_parts(self, role: Role, method: str, parts: list, lo: int, total: int) -> Future:
+        # ``parts`` are object references, resolved by Ray for the receiving actor: a part larger than
+        # max_direct_call_object_size (SYSTEM_CONFIG) is fetched from the node that made it; a smaller one was
+        # returned inline to its owner (the driver's Ray core worker, never deserialised there) and travels
+        # inline with this call, which for small messages is cheaper than a transfer of its own.
+        return _RayFuture(role.handle.call_placed.remote(method, lo, total, *parts), role.name)
+
+    def bytes_received(self, role: Role, timeout_s: float = 30.0) -> int:
+        """Bytes of array arguments that reached ``role``'s process so far (placement and traffic checks)."""
+        return _RayFuture(role.handle.received_bytes.remote(), role.name).result(timeout_s)
 
     def shard_client(self, shards, layout, replica_id: int = -1) -> ShardClient:
         client = RayShardClient([s.handle for s in shards], layout, replica_id, self.remote_timeout_s)

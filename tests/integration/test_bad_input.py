@@ -33,7 +33,7 @@ def test_contradictory_settings_name_the_field(toy_data):
         train(make_odd_model, toy_data[0], toy_data[1], runtime="inprocess", quiet=True, shards=10**6,
               max_steps=1)
     with pytest.raises(ConfigError, match="kill_shard_id"):
-        RunConfig(shards=2, kill_shard_after_s=1, kill_shard_id=5).validate()
+        RunConfig(shards=2, kill_shard_at_step=1, kill_shard_id=5).validate()
     with pytest.raises(ConfigError, match="resume"):
         train(make_odd_model, toy_data[0], toy_data[1], runtime="inprocess", quiet=True, max_steps=1,
               resume=True, out="/nonexistent/run")

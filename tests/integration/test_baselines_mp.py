@@ -61,6 +61,23 @@ def test_shared_progress_counts_and_summarizes_in_one_process():
     assert p.stop_requested() and p.wait_go(0, timeout_s=1) is False  # a stopped run never says go
 
 
+def test_shared_progress_pause_generations_in_one_process():
+    """A pause is requested until resumed; a worker holding it reports the generation; a stop releases it."""
+    p = SharedProgress(2)
+    assert not p.pause_requested()
+    gen = p.request_pause()
+    assert p.pause_requested() and not p.paused(0, gen)
+    p.resume()
+    assert not p.pause_requested()
+    p.hold_pause(0, timeout_s=1)  # already resumed: returns at once, holding nothing
+    assert not p.paused(0, gen)
+    gen2 = p.request_pause()
+    assert gen2 == gen + 1 and p.pause_requested()
+    p.stop()
+    p.hold_pause(1, timeout_s=1)  # a stopped run releases a paused worker
+    assert not p.paused(1, gen2)
+
+
 @pytest.mark.parametrize("settings,field", [
     (dict(strategy="hogwild", partitions=2, model="mlp"), "partitions"),
     (dict(strategy="ddp", partitions=2, model="lc1d"), "partitions"),
@@ -83,6 +100,41 @@ def test_bad_input_is_refused_before_any_worker_starts(tmp_path, capsys):
     assert multiprocessing.active_children() == []
     assert main(["train", "--strategy", "hogwild", "--partitions", "2", "--out", str(tmp_path / "cli")]) == 2
     assert "partitions" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------- evaluation
+class WatchEvaluation:
+    """A callback, so it runs where the driver evaluates: it samples the workers' step counters across a short
+    sleep (they must not move: the workers are paused) and the time it spent (the clock must not count it)."""
+
+    def __init__(self, sleep_s: float):
+        self.sleep_s, self.seen = sleep_s, []
+
+    def __call__(self, run, rec):
+        before = run.progress.steps()
+        time.sleep(self.sleep_s)
+        self.seen.append((rec["updates"], before, run.progress.steps()))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("strategy", ["hogwild", "ddp"])
+def test_workers_are_paused_while_the_driver_evaluates(strategy):
+    watch = WatchEvaluation(sleep_s=0.1)
+    started = time.monotonic()
+    res = train(make_odd_model, toy_split("train"), toy_split("test"), strategy=strategy, replicas=2,
+                max_seconds=1.5, eval_every_seconds=0.15, callbacks=[watch], **FAST)
+    elapsed = time.monotonic() - started
+    assert res.summary["stop_reason"] == "time budget spent" and len(watch.seen) >= 4
+    for updates, before, after in watch.seen:
+        assert before == after, watch.seen  # no worker took a step while the driver evaluated
+        # the record counts the paused workers' steps (hogwild: their sum; ddp: one per synchronous step)
+        assert updates == (sum(before) if strategy == "hogwild" else before[0])
+        if strategy == "ddp":
+            assert before[0] == before[1]  # every rank paused after the same step
+    assert watch.seen[-1][0] == res.summary["updates"] > watch.seen[0][0] > 0
+    # the training clock excludes evaluation: the run took at least its training time plus every evaluation
+    assert res.summary["wall_s"] + watch.sleep_s * len(watch.seen) <= elapsed
 
 
 # ---------------------------------------------------------------------------------------------- hogwild
@@ -245,11 +297,31 @@ def make_odd_model_flat(seed: int) -> torch.Tensor:
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_dead_ddp_rank_fails_the_run_naming_it_and_keeps_partial_results(tmp_path):
+    # Only the kill can end this run: no step limit, no target, and a time budget far beyond 40 steps.
     with pytest.raises(RoleFailedError, match="ddp rank 1 failed"):
         train(make_odd_model, toy_split("train"), toy_split("test"), strategy="ddp", replicas=2,
-              max_seconds=30, eval_every_seconds=0.3, kill_replica_after_s=1.0, kill_replica_id=1,
+              max_seconds=60, eval_every_seconds=0.3, kill_replica_at_step=40, kill_replica_id=1,
               out=str(tmp_path / "run"), **FAST)
     summary, _ = check_run_dir(tmp_path / "run", "ddp")
     assert summary["stop_reason"] == "failed" and "ddp rank 1" in summary["error"]
-    assert summary["wall_s"] < 15 and summary["updates"] > 0
+    killed = [e for e in summary["events"] if e["event"] == "replica killed"]
+    assert [e["id"] for e in killed] == [1] and killed[0]["step"] >= 40  # steps of both ranks together
+    assert [e["id"] for e in summary["events"] if e["event"] == "replica lost"] == [1]
+    assert summary["updates"] >= 20
     assert multiprocessing.active_children() == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_ddp_rank_killed_while_paused_fails_the_run_instead_of_hanging_it():
+    killed = []
+
+    def kill_rank_1(run, rec):  # runs while every rank is paused for this evaluation
+        if not killed and rec["updates"] > 0:
+            killed.append(run.worker_pids[1])
+            os.kill(killed[0], signal.SIGKILL)
+
+    with pytest.raises(RoleFailedError, match="ddp rank 1 failed"):
+        train(make_odd_model, toy_split("train"), toy_split("test"), strategy="ddp", replicas=2,
+              max_seconds=60, eval_every_seconds=0.2, callbacks=[kill_rank_1], **FAST)
+    assert killed and multiprocessing.active_children() == []

@@ -137,3 +137,62 @@ def test_time_to_target_is_the_first_evaluation_at_or_above_it():
     assert time_to_target(s, 0.25, window=2) == 4.0 and time_to_target(s, 0.3, window=2) == 4.0
     assert fig5_core_counts(2) == [1, 2] and fig5_core_counts(16) == [1, 2, 4, 8, 16]
     assert fig5_core_counts(6) == [1, 2, 4, 6] and fig5_core_counts(1) == [1]
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_throughput_quick_writes_medians_ratios_and_targets(tmp_path):
+    from distbelief.bench.throughput import QUICK_METHODS
+
+    out = tmp_path / "throughput"
+    r = subprocess.run(PY + ["bench", "throughput", "--quick", "--out", str(out)], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "[throughput] quick downpour repeat 1/1:" in r.stderr  # one progress line per run
+    assert "| model | method | median examples/s |" in r.stdout  # the Markdown table for RESULTS.md
+    res = json.loads((out / "results.json").read_text())
+    check_machine(res["machine"])
+    assert res["benchmark"] == "throughput" and res["quick"] is True and res["repeats"] == 1
+    assert res["methods"] == list(QUICK_METHODS) and list(res["models"]) == ["quick"]
+    model = res["models"]["quick"]
+    for name, m in model["methods"].items():
+        assert [run["error"] for run in m["runs"]] == [None], name
+        assert m["median_examples_per_s"] > 0 and m["runs"][0]["examples_per_s"] > 0, name
+        # the exact config ran, with the method's strategy and the defaults for what the benchmark does not name
+        assert m["config"]["strategy"] == ("sgd" if name.startswith("sgd") else name)
+        assert m["config"]["max_seconds"] == res["max_seconds"]
+    assert set(res["pinned_settings"]) >= {"task", "model", "strategy", "max_seconds", "out"}
+    assert "lr" not in res["pinned_settings"] and "durability" not in res["pinned_settings"]
+    ratio = model["ratios"]["downpour/sgd-1"]
+    assert ratio == pytest.approx(model["methods"]["downpour"]["median_examples_per_s"]
+                                  / model["methods"]["sgd-1"]["median_examples_per_s"])
+    targets = {t["name"]: t for t in model["targets"]}
+    assert targets["downpour vs sgd-1"]["ratio"] == pytest.approx(ratio)
+    assert targets["downpour vs sgd-1"]["met"] == (ratio >= targets["downpour vs sgd-1"]["threshold"])
+    assert targets["downpour vs hogwild"]["met"] is None  # hogwild was not run: not measured, not met
+    assert res["table_markdown"] in r.stdout
+
+
+def test_throughput_targets_are_ratios_of_medians():
+    from distbelief.bench.throughput import evaluate_targets, median_or_none, ratios_to_baselines
+
+    medians = {"sgd-1": 100.0, "sgd-2": 150.0, "hogwild": None, "downpour": 190.0}
+    ratios = ratios_to_baselines(medians)
+    assert ratios == {"downpour/sgd-1": pytest.approx(1.9), "downpour/sgd-2": pytest.approx(190 / 150),
+                      "downpour/hogwild": None}
+    t = {x["name"]: x for x in evaluate_targets("paper", ratios)}
+    assert t["downpour vs sgd-1"]["met"] is True and t["downpour vs sgd-2"]["met"] is True
+    assert t["downpour vs hogwild"]["met"] is None  # failed or not run: not measured
+    assert [x["met"] for x in evaluate_targets("fig4", {"downpour/sgd-1": 1.6, "downpour/hogwild": 0.95})] == \
+        [False, True]
+    assert median_or_none([3.0, None, 1.0, 2.0]) == 2.0 and median_or_none([None]) is None
+
+
+@pytest.mark.parametrize("args,field", [(["--methods", "nope"], "methods"), (["--models", "fig9"], "models"),
+                                        (["--repeats", "0"], "repeats"), (["--max-seconds", "0"], "max_seconds"),
+                                        (["--cores", "1"], "cores")])
+def test_bad_throughput_arguments_exit_2_naming_them(tmp_path, args, field):
+    r = subprocess.run(PY + ["bench", "throughput", *args, "--out", str(tmp_path / "x")], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2 and field in r.stderr, r.stderr
+    assert not (tmp_path / "x" / "results.json").exists()

@@ -63,7 +63,7 @@ def test_sgd_and_sync_baselines_write_the_same_run_format(tmp_path):
 
 
 def test_killed_replica_is_restarted_and_run_finishes(tmp_path):
-    cfg = RunConfig(runtime="inprocess", replicas=2, shards=2, max_seconds=6, kill_replica_after_s=1.5,
+    cfg = RunConfig(runtime="inprocess", replicas=2, shards=2, max_seconds=6, kill_replica_at_step=100,
                     kill_replica_id=1, eval_every_seconds=1, num_samples=2000)
     res = train_task(cfg, quiet=True)
     assert res.summary["replica_restarts"] == 1 and res.summary["replicas_lost"] == 0
@@ -71,7 +71,7 @@ def test_killed_replica_is_restarted_and_run_finishes(tmp_path):
 
 
 def test_replica_beyond_its_restarts_is_dropped_and_the_run_goes_on(capsys):
-    cfg = RunConfig(runtime="inprocess", replicas=2, shards=2, max_seconds=5, kill_replica_after_s=1,
+    cfg = RunConfig(runtime="inprocess", replicas=2, shards=2, max_seconds=5, kill_replica_at_step=60,
                     kill_replica_id=0, max_replica_restarts=0, eval_every_seconds=1, num_samples=2000)
     res = train_task(cfg, quiet=False)
     err = capsys.readouterr().err

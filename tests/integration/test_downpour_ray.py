@@ -46,7 +46,7 @@ def test_ray_one_replica_matches_inprocess_exactly(toy_data):
 
 
 def test_ray_replica_process_killed_mid_run_is_restarted_and_the_run_reaches_its_target(tmp_path):
-    cfg = RunConfig(runtime="ray", replicas=2, shards=2, max_seconds=90, target_accuracy=0.72, kill_replica_after_s=2,
+    cfg = RunConfig(runtime="ray", replicas=2, shards=2, max_seconds=90, target_accuracy=0.72, kill_replica_at_step=40,
                     kill_replica_id=1, eval_every_seconds=1, batch_size=64, out=str(tmp_path / "run"))
     res = train_task(cfg, quiet=True)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
@@ -114,8 +114,8 @@ def test_fused_push_fetch_loop_equals_separate_calls_bit_for_bit(toy_data):
 def test_ray_shared_memory_plane_survives_a_shard_kill(toy_data, tmp_path):
     """A push waiting on a dead shard is re-sent to its replacement, which maps the same replica buffer."""
     res = train(make_odd_model, toy_data[0], toy_data[1], quiet=True, runtime="ray", replicas=2, shards=2,
-                max_seconds=10, kill_shard_after_s=3, kill_shard_id=1, eval_every_seconds=1, batch_size=8,
-                checkpoint_every_seconds=1, out=str(tmp_path / "run"))
+                max_seconds=10, kill_shard_at_step=200, kill_shard_id=1, eval_every_seconds=1, batch_size=8,
+                checkpoint_every_seconds=1, durability="log", out=str(tmp_path / "run"))
     assert res.summary["shard_restarts"] == 1 and res.summary["updates_lost"] == 0
     assert torch.isfinite(res.flat_params).all()
     # every push reaches both shards exactly once, the killed one included: equal update counts

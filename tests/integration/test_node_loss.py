@@ -45,7 +45,7 @@ def test_losing_the_node_of_a_shard_and_replicas_the_run_still_reaches_its_targe
     # from its checkpoint + log); the node goes at 3 s, long before 0.65.
     runtime = RayRuntime(shard_cpus=0.5, remote_timeout_s=120)
     cfg = RunConfig(runtime="ray", replicas=3, shards=2, batch_size=128, max_seconds=150, target_accuracy=0.65,
-                    eval_every_seconds=1.5, checkpoint_every_seconds=1, out=str(tmp_path / "run"))
+                    eval_every_seconds=1.5, checkpoint_every_seconds=1, durability="log", out=str(tmp_path / "run"))
     try:
         res = train_task(cfg, quiet=True, runtime=runtime, callbacks=[remove_node_of_a_shard_and_a_replica])
     finally:

@@ -58,7 +58,7 @@ def test_kill_partition_id_errors_name_the_field():
     for bad in (dict(partitions=2, kill_partition_id=2), dict(partitions=1, kill_partition_id=0),
                 dict(partitions=2, kill_partition_id=-2)):
         with pytest.raises(ConfigError, match="kill_partition_id"):
-            RunConfig(model="lc1d", kill_replica_after_s=1, **bad).validate()
+            RunConfig(model="lc1d", kill_replica_at_step=1, **bad).validate()
     with pytest.warns(UserWarning, match="kill_partition_id has no effect"):
         RunConfig(model="lc1d", partitions=2, kill_partition_id=1).validate()
 
@@ -70,7 +70,7 @@ def test_kill_partition_id_errors_name_the_field():
 @pytest.mark.parametrize("partition_id", [0, 1])  # the head (it drives the lockstep) and a non-head partition
 def test_inprocess_partition_killed_restarts_its_group_not_the_job(partition_id):
     threads_before = {t.ident for t in threading.enumerate()}
-    res = train_task(partition_config("inprocess", kill_replica_after_s=2, kill_replica_id=1,
+    res = train_task(partition_config("inprocess", kill_replica_at_step=30, kill_replica_id=1,
                                       kill_partition_id=partition_id), quiet=True)
     assert_group_restarted(res.summary, "inprocess")
     # The dead group's partition threads (and every other group's) were released, not left idling.
@@ -83,8 +83,8 @@ def test_inprocess_partition_killed_restarts_its_group_not_the_job(partition_id)
 
 @pytest.mark.timeout(120)
 def test_inprocess_shard_killed_during_partitioned_run():
-    res = train_task(partition_config("inprocess", kill_shard_after_s=2, kill_shard_id=1,
-                                      checkpoint_every_seconds=1), quiet=True)
+    res = train_task(partition_config("inprocess", kill_shard_at_step=30, kill_shard_id=1,
+                                      checkpoint_every_seconds=1, durability="log"), quiet=True)
     assert_shard_recovered(res.summary)
 
 
@@ -120,7 +120,7 @@ class TestRayPartitionFaults:
         def snapshot(trainer, record):
             snapshots.append((record["wall_s"], *live_ray_state()))
 
-        res = train_task(partition_config("ray", kill_replica_after_s=3, kill_replica_id=1, kill_partition_id=1),
+        res = train_task(partition_config("ray", kill_replica_at_step=30, kill_replica_id=1, kill_partition_id=1),
                          quiet=True, callbacks=[snapshot])
         assert_group_restarted(res.summary, "ray")
         # Before the kill and after the restart: one placement group and two partition actors per replica, one
@@ -137,6 +137,6 @@ class TestRayPartitionFaults:
 
     @pytest.mark.timeout(180)
     def test_ray_shard_process_killed_during_partitioned_run(self):
-        res = train_task(partition_config("ray", kill_shard_after_s=3, kill_shard_id=1, checkpoint_every_seconds=1),
-                         quiet=True)
+        res = train_task(partition_config("ray", kill_shard_at_step=30, kill_shard_id=1, checkpoint_every_seconds=1,
+                                          durability="log"), quiet=True)
         assert_shard_recovered(res.summary)

@@ -11,7 +11,7 @@ TOTAL = 50
 
 
 def new_shard(tmp_path, every_updates=0, wal=True):
-    dur = Durability(str(tmp_path), every_updates=every_updates, every_seconds=0, wal=wal)
+    dur = Durability(str(tmp_path), every_updates=every_updates, every_seconds=0, wal=wal, background=False)
     return ParameterShard(1, 10, 30, np.linspace(-1, 1, 20, dtype=np.float32), Adagrad(lr=0.1), TOTAL, dur)
 
 
@@ -115,3 +115,68 @@ def test_a_resent_push_is_applied_once_even_across_a_restart(tmp_path):
     restored.push(0, g[2], 0, 2, session=77, seq=3)  # the ack of seq 3 was lost with the old process
     restored.push(0, g[1], 0, 2, session=99, seq=1)  # another client is unaffected
     assert restored.version == 4 and restored.duplicate_pushes == 1
+
+
+# ---------------------------------------------------------------- durability "snapshot" (background) and "log" caps
+def snapshot_shard(tmp_path, every_updates):
+    dur = Durability(str(tmp_path), every_updates=every_updates, every_seconds=0, wal=False)  # snapshot mode
+    return ParameterShard(1, 10, 30, np.linspace(-1, 1, 20, dtype=np.float32), Adagrad(lr=0.1), TOTAL, dur)
+
+
+def test_background_snapshot_holds_the_state_as_of_the_push_that_took_it(tmp_path):
+    shard = snapshot_shard(tmp_path, every_updates=5)
+    gs = pushes(7, seed=5)
+    states = []
+    for k, g in enumerate(gs):
+        shard.push(0, g, 0, k)
+        states.append(state_of(shard))
+        shard.flush()  # the test waits for each write, so every due snapshot is taken (none skipped as busy)
+    assert shard.stats()["snapshot_version"] == 5 and not list(shard_dir(tmp_path, 1).glob("wal-*"))
+    restored = ParameterShard.restore(1, 10, 30, Adagrad(lr=0.1), TOTAL, Durability(str(tmp_path), wal=False))
+    # pushes 6 and 7 changed the live vectors after the copy: the snapshot must not see them
+    assert restored.version == 5 and restored.replayed_updates == 0
+    torch.testing.assert_close(state_of(restored)[0], states[4][0], rtol=0, atol=0)
+    torch.testing.assert_close(state_of(restored)[1], states[4][1], rtol=0, atol=0)
+
+
+def test_snapshot_is_skipped_while_the_previous_one_is_still_being_written(tmp_path, monkeypatch):
+    import threading
+
+    import distbelief.ps.shard as shard_mod
+
+    gate = threading.Event()
+    real = shard_mod.ParameterShard._write
+
+    def slow_write(self, meta, tensors):
+        gate.wait(10)
+        real(self, meta, tensors)
+
+    monkeypatch.setattr(shard_mod.ParameterShard, "_write", slow_write)
+    shard = snapshot_shard(tmp_path, every_updates=2)
+    for k, g in enumerate(pushes(6, seed=6)):
+        shard.push(0, g, 0, k)  # due at 2 (taken), 4 and 6 (writer busy: skipped, the pushes are not blocked)
+    assert shard.stats()["snapshot_version"] == 2
+    gate.set()
+    assert shard.flush() == 1
+    shard.push(0, pushes(1, seed=7)[0], 0, 6)  # 7 - 2 >= 2 and the writer is free: taken now
+    shard.flush()
+    assert shard.stats()["snapshot_version"] == 7 and shard.checkpoints_written == 2
+
+
+def test_log_is_capped_by_taking_a_snapshot(tmp_path):
+    from distbelief.ps.checkpoint import _HEADER
+
+    record = _HEADER.size + 20 * 4  # one logged push of a 20-float slice
+    dur = Durability(str(tmp_path), every_updates=0, every_seconds=0, wal=True, log_max_bytes=3 * record,
+                     background=False)
+    shard = ParameterShard(1, 10, 30, np.zeros(20, np.float32), Adagrad(lr=0.1), TOTAL, dur)
+    shard.checkpoint()
+    for k, g in enumerate(pushes(10, seed=8)):
+        shard.push(0, g, 0, k)
+        logs = list(shard_dir(tmp_path, 1).glob("wal-*.log"))
+        assert sum(p.stat().st_size for p in logs) <= 4 * 3 * record  # kept checkpoints' logs, each capped
+    assert shard.checkpoints_written >= 4
+    before = state_of(shard)
+    restored = ParameterShard.restore(1, 10, 30, Adagrad(lr=0.1), TOTAL, Durability(str(tmp_path)))
+    assert restored.version == 10
+    torch.testing.assert_close(state_of(restored)[0], before[0], rtol=0, atol=0)

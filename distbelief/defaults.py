@@ -1,0 +1,72 @@
+"""Settings whose good value depends on other settings: resolved by ``RunConfig.validate()`` from a 0 ("auto").
+
+Why a table and not one number: the shipped models differ by orders of magnitude in how large a step they take.
+The paper's speech model has four sigmoid layers of 2560 units; an Adagrad step of γ = 0.05 moves every one of
+its 6.5M first-layer weights by ±0.05 at once and saturates every unit, where the 256-unit mnist1d MLP is happy
+with it. Every rate below was measured to train (see ``RECOMMENDED_LR``); a run that still diverges stops with
+a DivergedError that names ``--lr``.
+"""
+
+from __future__ import annotations
+
+# ---------------------------------------------------------------- classes of the speech task
+SPEECH_CLASSES = 256  # the small speech models' default: quick to train on one machine
+PAPER_SPEECH_CLASSES = 8192  # the paper's output layer: 440-2560x4-8192, about 42M parameters
+
+
+def default_num_classes(task: str, model: str) -> int:
+    """The class count of ``task`` for ``model`` when the user gave none: the paper's model gets the paper's
+    8192 outputs (it *is* 440-2560x4-8192), the other speech models 256. Other tasks have a fixed count that
+    the data decides (0 stays 0: a custom dataset passed to ``train()`` has no task class count)."""
+    if task == "speech":
+        return PAPER_SPEECH_CLASSES if model == "speech-paper" else SPEECH_CLASSES
+    return 0
+
+
+# ---------------------------------------------------------------- learning rate
+# (model, update rule) -> the rate. The update rule is the server optimizer (the shards' rule for sync and
+# downpour, torch.optim's for sgd, hogwild and ddp). Measured with short runs (docs in the report of the change
+# and benchmarks/RESULTS.md); every rate trains the model on its task with every strategy that uses it.
+RECOMMENDED_LR: dict[tuple[str, str], float] = {
+    ("mlp", "adagrad"): 0.05, ("mlp", "sgd"): 0.1,
+    ("mlp-small", "adagrad"): 0.05, ("mlp-small", "sgd"): 0.1,
+    ("cnn", "adagrad"): 0.05, ("cnn", "sgd"): 0.1,
+    ("lc1d", "adagrad"): 0.05, ("lc1d", "sgd"): 0.1,
+    ("lc-image-small", "adagrad"): 0.02, ("lc-image-small", "sgd"): 0.05,
+    ("lc-image-medium", "adagrad"): 0.02, ("lc-image-medium", "sgd"): 0.05,
+    ("speech-tiny", "adagrad"): 0.05, ("speech-tiny", "sgd"): 0.5,
+    ("speech-small", "adagrad"): 0.02, ("speech-small", "sgd"): 0.2,
+    ("speech-medium", "adagrad"): 0.01, ("speech-medium", "sgd"): 0.1,
+    ("speech-paper", "adagrad"): 0.005, ("speech-paper", "sgd"): 0.05,
+}
+FALLBACK_LR = {"adagrad": 0.01, "sgd": 0.05}  # a model not in the table (none shipped today)
+
+
+def recommended_lr(model: str, strategy: str, server_optimizer: str) -> float:
+    """The rate that ``lr = 0`` means for this model and update rule. Sandblaster's L-BFGS takes no rate (its
+    line search chooses every step), so it gets the rule's rate only to have a number in config.toml."""
+    return RECOMMENDED_LR.get((model, server_optimizer), FALLBACK_LR[server_optimizer])
+
+
+# ---------------------------------------------------------------- sandblaster's batch and portions
+MINIBATCH = 32  # examples per replica step for the SGD-family strategies
+SANDBLASTER_BATCH = 8000  # examples per L-BFGS iteration: large enough for a useful curvature estimate
+SANDBLASTER_PORTIONS_PER_BATCH = 16  # portion = batch / 16: room for load balancing and backup tasks
+
+
+def default_batch_size(strategy: str) -> int:
+    """``batch_size = 0``: a minibatch for the SGD family; for Sandblaster a batch per L-BFGS iteration, which
+    needs thousands of examples (32 gives it a noisy gradient and a useless curvature estimate)."""
+    return SANDBLASTER_BATCH if strategy == "sandblaster" else MINIBATCH
+
+
+UNUSED_PORTION = 64  # the other strategies have no portions; a fixed number keeps their config.toml stable
+
+
+def default_portion_size(strategy: str, batch_size: int) -> int:
+    """``portion_size = 0``: for Sandblaster a sixteenth of the batch (at least 1): small enough to balance the
+    replicas and leave room for backup tasks, large enough that a portion's round trip does not dominate its
+    compute. The other strategies do not use it."""
+    if strategy != "sandblaster":
+        return UNUSED_PORTION
+    return max(1, batch_size // SANDBLASTER_PORTIONS_PER_BATCH)

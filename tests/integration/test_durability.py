@@ -1,0 +1,83 @@
+"""Shard durability modes end to end: ``snapshot`` (the default) loses exactly the updates since a shard's last
+background snapshot and reports that number; ``log`` loses none; ``off`` keeps nothing on disk."""
+
+import pytest
+
+from distbelief import RunConfig
+from distbelief.api import train, train_task
+from tests.conftest import make_odd_model
+
+
+def kill_run(tmp_path, durability: str, **kw):
+    """One replica, two shards, a fixed number of steps, shard 1 killed at step 40: deterministic enough that the
+    run always reaches the kill, and every push goes to both shards (the odd model's tensors span them)."""
+    settings = dict(runtime="inprocess", replicas=1, shards=2, batch_size=64, max_steps=400, max_seconds=0,
+                    eval_every_seconds=3600, num_samples=2000, kill_shard_at_step=40, kill_shard_id=1,
+                    durability=durability, checkpoint_every_seconds=0, out=str(tmp_path / durability))
+    settings.update(kw)
+    return train_task(RunConfig(**settings), quiet=True).summary
+
+
+def test_snapshot_mode_reports_exactly_the_updates_it_lost(tmp_path):
+    # A snapshot every 25 updates (in the background): shard 1 dies somewhere after step 40 and comes back from
+    # its last snapshot. Shard 0 applied every push; shard 1 lacks exactly the ones it lost.
+    s = kill_run(tmp_path, "snapshot", checkpoint_every_updates=25)
+    up = s["updates_per_shard"]
+    assert s["shard_restarts"] == 1 and s["steps_per_replica"] == [400] and up[0] == 400
+    assert s["updates_lost"] == up[0] - up[1]
+    assert 0 < s["updates_lost"] < 400  # something was lost, and not everything: a snapshot after 0 was used
+    restored = next(e for e in s["events"] if e["event"] == "shard restored")
+    assert restored["replayed_updates"] == 0 and restored["updates_lost"] == s["updates_lost"]
+
+
+def test_snapshot_mode_with_only_the_base_snapshot_loses_everything_since_the_start(tmp_path):
+    s = kill_run(tmp_path, "snapshot", checkpoint_every_updates=0)  # no periodic snapshot: only the base one
+    killed = next(e for e in s["events"] if e["event"] == "shard killed")
+    assert s["updates_lost"] == s["updates_per_shard"][0] - s["updates_per_shard"][1] >= killed["step"] >= 40
+
+
+def test_log_mode_loses_nothing(tmp_path):
+    s = kill_run(tmp_path, "log", checkpoint_every_updates=25)
+    assert s["shard_restarts"] == 1 and s["updates_lost"] == 0
+    assert s["updates_per_shard"] == [400, 400]
+    assert list((tmp_path / "log" / "checkpoints" / "shard-001").glob("wal-*.log"))
+
+
+def test_off_mode_writes_no_checkpoints_and_a_dead_shard_ends_the_run_with_a_clear_error(tmp_path):
+    from distbelief.exceptions import RoleFailedError
+
+    with pytest.raises(RoleFailedError, match="--durability"):
+        kill_run(tmp_path, "off")
+    assert not (tmp_path / "off" / "checkpoints").exists()
+
+
+def test_snapshot_mode_is_the_default_and_writes_no_log(tmp_path, toy_data):
+    assert RunConfig().durability == "snapshot"
+    res = train(make_odd_model, toy_data[0], toy_data[1], quiet=True, runtime="inprocess", replicas=1, shards=2,
+                max_steps=30, max_seconds=0, eval_every_seconds=3600, batch_size=8, checkpoint_every_updates=10,
+                out=str(tmp_path / "run"))
+    d = tmp_path / "run" / "checkpoints"
+    assert sorted(p.name for p in d.iterdir()) == ["shard-000", "shard-001"]
+    assert not list(d.glob("*/wal-*.log"))
+    ckpts = sorted(p.name for p in (d / "shard-000").glob("ckpt-*.safetensors"))
+    assert ckpts[-1] == "ckpt-000000000030.safetensors"  # the final checkpoint holds the last update
+    assert res.summary["updates_per_shard"] == [30, 30]
+
+
+def test_old_run_configs_with_wal_still_load():
+    from distbelief.config import config_from
+
+    assert config_from({"wal": True}).durability == "log"
+    assert config_from({"wal": False}).durability == "snapshot"
+    assert config_from({"wal": False, "checkpoint_every_seconds": 0}).durability == "off"
+    with pytest.raises(Exception, match="kill_shard_at_step"):
+        config_from({"kill_shard_after_s": 3})
+
+
+def test_bad_durability_names_the_flag():
+    from distbelief import ConfigError
+
+    with pytest.raises(ConfigError, match="durability"):
+        RunConfig(durability="wal").validate()
+    with pytest.raises(ConfigError, match="log_max_mb"):
+        RunConfig(log_max_mb=0).validate()
