@@ -17,6 +17,7 @@ CHOICES = {
     "server_optimizer": ("sgd", "adagrad"),
     "runtime": ("ray", "inprocess"),
     "durability": ("off", "snapshot", "log"),
+    "evaluation": ("auto", "paused", "concurrent"),
 }
 
 

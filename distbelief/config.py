@@ -19,6 +19,7 @@ STRATEGIES = ("sgd", "sync", "downpour", "sandblaster", "hogwild", "ddp")
 LOCAL_STRATEGIES = ("hogwild", "ddp")  # torch.multiprocessing baselines: this machine, no parameter server
 SERVER_OPTIMIZERS = ("sgd", "adagrad")
 DURABILITY_MODES = ("off", "snapshot", "log")
+EVALUATION_MODES = ("auto", "paused", "concurrent")
 RUNTIMES = ("ray", "inprocess")
 
 
@@ -51,6 +52,7 @@ class RunConfig:
     max_seconds: float = 60.0
     target_accuracy: float = 0.0
     eval_every_seconds: float = 2.0
+    evaluation: str = "auto"
     eval_samples: int = 0
     train_eval_samples: int = 0
     # where and how to run
@@ -104,6 +106,7 @@ class RunConfig:
         choose("server_optimizer", self.server_optimizer, SERVER_OPTIMIZERS)
         choose("runtime", self.runtime, RUNTIMES)
         choose("durability", self.durability, DURABILITY_MODES)
+        choose("evaluation", self.evaluation, EVALUATION_MODES)
         self._resolve_defaults()
         for name in ("replicas", "shards", "fetch_every", "push_every", "partitions"):
             positive(name)
@@ -263,6 +266,11 @@ FIELD_HELP: dict[str, str] = {
     "max_seconds": "stop after this many seconds of training (0 = no limit)",
     "target_accuracy": "stop when test accuracy reaches this fraction (0 = never)",
     "eval_every_seconds": "evaluate the server's parameters on the test set every T seconds",
+    "evaluation": "how Downpour evaluates without slowing training: paused (the replicas hold at a step boundary "
+                  "and the training clock stops while the driver evaluates the server's parameters), concurrent "
+                  "(the driver evaluates on a core of its own while the replicas train) or auto (concurrent when "
+                  "the replicas leave the driver's machine a free core, else paused). Every strategy's time axis "
+                  "is training time",
     "eval_samples": "evaluate on the first N test examples only (0 = the whole test set); keeps evaluation cheap "
                     "next to training for large test sets",
     "train_eval_samples": "also measure training accuracy, on a fixed random sample of N training examples, at "

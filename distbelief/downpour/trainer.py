@@ -7,6 +7,7 @@ wall-clock cadence, enforces the stop conditions, and restarts failed replicas (
 from __future__ import annotations
 
 import math
+import os
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -146,6 +147,9 @@ class ParameterServerTrainer:
             overlap=cfg.overlap, remote_timeout_s=cfg.remote_timeout_s,
         )
         self.replicas: dict[int, _ReplicaState] = {}
+        self.eval_mode = "paused"  # set once the replicas are placed (_choose_evaluation)
+        self._last_eval_s = 0.0
+        self._told_eval_interval = False
         self.clock: Clock | None = None
         p = self.prev
         self.best_acc = p.get("best_acc", -1.0)
@@ -336,16 +340,56 @@ class ParameterServerTrainer:
             if st.alive:
                 self.runtime.call(st.role, "resume")  # fire and forget: a dead one is found by the supervisor
 
+    def _choose_evaluation(self) -> None:
+        """Concurrent evaluation only where the driver has a core the replicas leave free (see config)."""
+        mode = self.cfg.evaluation
+        if mode == "auto":
+            roles = [st.role for st in self.replicas.values()]
+            spare = self.runtime.driver_spare_cpus(roles, self.job.threads)
+            mode = "concurrent" if spare >= 1 else "paused"
+            self.rec.log(f"evaluation: {mode} ({spare:g} core(s) of the driver's machine left free by the "
+                         f"replicas)")
+        self.eval_mode = mode
+
     def evaluate_paused(self) -> dict:
         """Evaluate with the replicas held and the training clock stopped: evaluation never competes with
-        training for the cores, and the time axis is training time (as for every other strategy)."""
-        self._pause_replicas()
-        self.clock.pause()
+        training for the cores, and the time axis is training time (as for every other strategy). With a core
+        of its own (``eval_mode`` concurrent) the driver evaluates while the replicas train."""
+        t0 = time.monotonic()
         try:
-            return self.evaluate_now()
+            if self.eval_mode == "concurrent":
+                return self.evaluate_now()
+            self._pause_replicas()
+            self.clock.pause()
+            # The replicas are held: this machine's cores are the driver's until it resumes them.
+            threads = torch.get_num_threads()
+            torch.set_num_threads(max(1, os.cpu_count() or 1))
+            try:
+                return self.evaluate_now()
+            finally:
+                torch.set_num_threads(threads)
+                self.clock.resume()
+                self._resume_replicas()
         finally:
-            self.clock.resume()
-            self._resume_replicas()
+            self._last_eval_s = time.monotonic() - t0
+
+    # An evaluation may take at most this share of the run's wall-clock time (its interval grows to match).
+    EVAL_SHARE = 0.1
+
+    def _eval_interval(self) -> float:
+        """Training seconds until the next evaluation: ``eval_every_seconds``, stretched when an evaluation
+        takes so long (a big model on a big test set) that the run would spend more than EVAL_SHARE of its
+        wall-clock time evaluating."""
+        want = self.cfg.eval_every_seconds
+        need = self._last_eval_s * (1 - self.EVAL_SHARE) / self.EVAL_SHARE
+        if need <= want:
+            return want
+        if not self._told_eval_interval:
+            self._told_eval_interval = True
+            self.rec.log(f"an evaluation takes {self._last_eval_s:.1f}s: evaluating every {need:.0f}s of training "
+                         f"instead of every {want:g}s (--eval-every-seconds), so that evaluation stays under "
+                         f"{self.EVAL_SHARE:.0%} of the run's time; --eval-samples N evaluates on fewer examples")
+        return need
 
     def evaluate_now(self) -> dict:
         wall = self.clock.elapsed()
@@ -474,7 +518,7 @@ class ParameterServerTrainer:
             self._check_shards()
             if self.clock.elapsed() >= next_eval:
                 self.evaluate_paused()
-                next_eval = self.clock.elapsed() + self.cfg.eval_every_seconds
+                next_eval = self.clock.elapsed() + self._eval_interval()
             if stopping_since is None and self._should_stop():
                 stopping_since = time.monotonic()
                 for st in self.replicas.values():
@@ -534,6 +578,7 @@ class ParameterServerTrainer:
                      f"({self.total:,} parameters)")
         for rid in range(cfg.replicas):
             self.replicas[rid] = self._new_replica_state(rid)
+        self._choose_evaluation()
         self.clock = Clock(offset_s=self.prev.get("wall_s", 0.0))
         next_eval = self.clock.elapsed() + cfg.eval_every_seconds
         if cfg.warmstart_steps and cfg.replicas > 1 and not self.prev.get("warmstart_done"):
@@ -697,6 +742,8 @@ class ParameterServerTrainer:
             "replica_recovery_s": self.replica_recovery_s,
             "events": self.events,
             "stop_reason": self.stop_reason,
+            "evaluation": self.eval_mode,
+            "durability": cfg.durability,
             "wall_s": wall,
             "partitions": cfg.partitions,
             **{k: v for k, v in final.items() if k.startswith("partition_")},

@@ -214,5 +214,10 @@ class Runtime(ABC):
     def wait_any(self, futures: list[Future], timeout_s: float) -> list[Future]:
         """Return the subset of ``futures`` that are done, waiting at most ``timeout_s`` for at least one."""
 
+    def driver_spare_cpus(self, replicas: list[Role], threads_per_replica: int) -> float:
+        """Cores on the driver's machine left free by the replicas placed there; the driver evaluates on them
+        while training goes on when at least one is free. None by default: roles share the driver's cores."""
+        return 0.0
+
     def shutdown(self) -> None:
         """Release the runtime's roles."""

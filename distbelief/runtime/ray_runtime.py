@@ -427,7 +427,9 @@ class RayRuntime(Runtime):
         machine), and only on dedicated shard nodes (SHARD_NODE_RESOURCE) where the cluster has any.
 
         Why not Ray's "SPREAD" strategy: it is best effort, and on a 3-node cluster it put 2 of 3 shards on one
-        node. The node is a soft preference: a node that died or is full spills the shard to another."""
+        node. The node is a soft preference (a node that died or is full spills the shard to another) where the
+        shard requests resources; Ray ignores a soft preference of an actor that requests none (measured: 2 of 3
+        such actors elsewhere), so then it is strict: such an actor never lacks room on the alive node chosen."""
         dedicated = ray.cluster_resources().get(SHARD_NODE_RESOURCE, 0.0) > 0
         others = [node for k, node in self._shard_node.items() if k != shard_id]
         node = least_loaded(shard_nodes(self.shard_cpus, dedicated), others)
@@ -436,7 +438,8 @@ class RayRuntime(Runtime):
             options["scheduling_strategy"] = "SPREAD"
             return options
         self._shard_node[shard_id] = node
-        options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=True, _spill_on_unavailable=True)
+        soft = self.shard_cpus > 0 or dedicated
+        options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=soft, _spill_on_unavailable=soft)
         return options
 
     def create_shard(self, shard_id: int, factory) -> Role:
@@ -490,6 +493,28 @@ class RayRuntime(Runtime):
     def node_of(self, role: Role, timeout_s: float = 30.0) -> str:
         """The Ray node id hosting ``role`` (for placement checks and node-loss tests)."""
         return _RayFuture(role.handle.node_id.remote(), role.name).result(timeout_s)
+
+    def driver_spare_cpus(self, replicas: list[Role], threads_per_replica: int) -> float:
+        """Cores of the driver's machine that the replicas placed on it leave free (for out-of-band evaluation).
+
+        A local instance shares this machine's cores with every replica; on a cluster only the replicas that
+        landed on the driver's node count. Partitioned replicas count as one (their partitions' threads add up
+        to about the same)."""
+        here = ray.get_runtime_context().get_node_id()
+        if started_locally():
+            cores = float(os.cpu_count() or 1)
+            busy = len(replicas) * threads_per_replica
+        else:
+            node = next((n for n in ray.nodes() if n.get("NodeID") == here), None)
+            cores = float((node or {}).get("Resources", {}).get("CPU", 0.0))
+            busy = 0
+            for r in replicas:
+                try:
+                    on_driver_node = self.node_of(r, self.remote_timeout_s) == here
+                except (RoleFailedError, RemoteTimeoutError, AttributeError):
+                    on_driver_node = True  # unknown (e.g. a partition group): assume the worst
+                busy += threads_per_replica if on_driver_node else 0
+        return cores - busy
 
     def wait_any(self, futures, timeout_s):
         if not futures:

@@ -20,7 +20,7 @@ def check_paused_evaluation(toy_data, runtime):
         if trainer.stop_reason:  # the final evaluation, after the replicas finished
             return
         before = replica_steps(trainer)
-        time.sleep(0.3)  # an evaluation that takes a while: a replica that kept training would step meanwhile
+        time.sleep(0.05)  # a replica that kept training would step meanwhile (a step takes a few ms here)
         held.append(replica_steps(trainer) == before)
 
     t0 = time.monotonic()
@@ -28,9 +28,9 @@ def check_paused_evaluation(toy_data, runtime):
                 max_seconds=3, eval_every_seconds=0.5, batch_size=8, callbacks=[slow_evaluation])
     elapsed = time.monotonic() - t0
     assert len(held) >= 3 and all(held)
-    # training time excludes the evaluations: the run took its 3 s of training plus every evaluation's 0.3 s
+    # training time excludes the evaluations: the run took its 3 s of training plus every evaluation
     assert res.summary["wall_s"] == pytest.approx(3, abs=0.5)
-    assert elapsed >= res.summary["wall_s"] + 0.3 * len(held)
+    assert elapsed >= res.summary["wall_s"] + 0.05 * len(held)
     assert res.summary["stop_reason"] == "time budget spent"
     # and training went on between evaluations
     updates = [m["updates"] for m in res.metrics]
@@ -61,7 +61,7 @@ def test_partitioned_replicas_hold_still_while_the_driver_evaluates(runtime, req
         if trainer.stop_reason:
             return
         before = replica_steps(trainer)
-        time.sleep(0.3)
+        time.sleep(0.05)
         held.append(replica_steps(trainer) == before)
 
     cfg = RunConfig(runtime=runtime, model="lc1d", replicas=2, partitions=2, shards=2, batch_size=32,
@@ -69,3 +69,52 @@ def test_partitioned_replicas_hold_still_while_the_driver_evaluates(runtime, req
     res = train_task(cfg, quiet=True, callbacks=[slow_evaluation])
     assert len(held) >= 3 and all(held)
     assert res.summary["wall_s"] == pytest.approx(3, abs=0.5)
+
+
+def test_concurrent_evaluation_lets_the_replicas_train_meanwhile(toy_data):
+    """evaluation = "concurrent" (auto picks it where the driver has a core of its own): no pause."""
+    moved = []
+
+    def slow_evaluation(trainer, record):
+        if trainer.stop_reason:
+            return
+        before = replica_steps(trainer)
+        time.sleep(0.05)
+        moved.append(replica_steps(trainer) != before)
+
+    res = train(make_odd_model, toy_data[0], toy_data[1], quiet=True, runtime="inprocess", replicas=2, shards=2,
+                max_seconds=2, eval_every_seconds=0.5, batch_size=8, evaluation="concurrent",
+                callbacks=[slow_evaluation])
+    assert moved and all(moved)
+    assert res.summary["evaluation"] == "concurrent"
+
+
+@pytest.mark.ray
+@pytest.mark.usefixtures("ray_local")
+def test_auto_evaluation_is_concurrent_only_when_the_replicas_leave_a_core_free(toy_data):
+    import os
+
+    cores = os.cpu_count()
+    common = dict(quiet=True, runtime="ray", shards=1, max_steps=5, max_seconds=0, eval_every_seconds=3600,
+                  batch_size=8)
+    busy = train(make_odd_model, toy_data[0], toy_data[1], replicas=2, threads=cores // 2, **common)
+    assert busy.summary["evaluation"] == "paused"
+    free = train(make_odd_model, toy_data[0], toy_data[1], replicas=1, threads=cores - 1, **common)
+    assert free.summary["evaluation"] == ("concurrent" if cores > 1 else "paused")
+
+
+def test_slow_evaluations_are_spaced_out_to_a_tenth_of_the_run(toy_data, capsys):
+    """An evaluation that takes 0.4 s with --eval-every-seconds 0.2: the interval grows to ~3.6 s of training
+    (evaluation stays under 10 % of the run's time) and the user is told why, naming the flags."""
+    times = []
+
+    def slow_evaluation(trainer, record):
+        times.append(record["wall_s"])
+        time.sleep(0.4)
+
+    train(make_odd_model, toy_data[0], toy_data[1], runtime="inprocess", replicas=1, shards=1, max_seconds=8,
+          eval_every_seconds=0.2, batch_size=8, callbacks=[slow_evaluation])
+    gaps = [b - a for a, b in zip(times, times[1:-1])]  # the last one is the final evaluation
+    assert gaps and min(gaps) >= 3.5
+    err = capsys.readouterr().err
+    assert "--eval-every-seconds" in err and "--eval-samples" in err
