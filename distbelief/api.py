@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass
 from functools import partial
@@ -14,7 +15,7 @@ import torch.nn.functional as F
 
 from distbelief.config import LOCAL_STRATEGIES, RunConfig, config_from
 from distbelief.exceptions import ConfigError
-from distbelief.metrics import RunRecorder
+from distbelief.metrics import DIVERGENCE_CEILING, RunRecorder
 
 
 @dataclass
@@ -125,6 +126,7 @@ def train(
     if isinstance(runtime, str):  # runtime="inprocess" is a setting, not an instance
         settings["runtime"], runtime = runtime, None
     cfg = config_from(settings, config).validate()
+    custom_loss = loss_fn
     loss_fn = loss_fn or F.cross_entropy
     check_model_and_data(model_fn, train_data, loss_fn)
     n_params = sum(p.numel() for p in model_fn().parameters())
@@ -153,7 +155,10 @@ def train(
         pick = torch.randperm(len(ds), generator=torch.Generator().manual_seed(cfg.seed + 17))
         train_probe = compact_subset(ds, pick[: cfg.train_eval_samples].tolist())
     job = Job(cfg, model_fn, train_data, test_data, loss_fn, _resolve_threads(cfg), train_probe)
-    recorder = RunRecorder(cfg.out or None, cfg.to_dict(), quiet=quiet, write_config=not resume)
+    # A mean cross-entropy above the ceiling is divergence; a custom loss's scale is unknown: relative rule only.
+    ceiling = DIVERGENCE_CEILING if custom_loss is None else math.inf
+    recorder = RunRecorder(cfg.out or None, cfg.to_dict(), quiet=quiet, write_config=not resume,
+                           loss_ceiling=ceiling)
     threads_before = torch.get_num_threads()
     try:
         summary, flat = _run_strategy(job, recorder, runtime, resume, callbacks)

@@ -153,8 +153,9 @@ def _last_record(path: Path) -> dict[str, Any] | None:
 # start) — 10 nats is above the chance-level cross-entropy of every shipped task (ln 8192 = 9.0). A rate far too
 # large explodes the loss within the first steps, before the first evaluation (the paper's model at Adagrad
 # gamma = 0.05: 117 at 10 s, then flat), so a loss above the ceiling counts too: a mean cross-entropy of 50 nats
-# gives the true class e^-50 on average, which no classifier does at initialization or while training. A
-# custom loss_fn on another scale (a summed loss, say) can set distbelief.metrics.DIVERGENCE_CEILING = math.inf.
+# gives the true class e^-50 on average, which no classifier does at initialization or while training. The
+# ceiling holds for the default cross-entropy loss only: train() drops it for a custom loss_fn, whose scale it
+# cannot know (a summed loss, say).
 DIVERGENCE_FACTOR = 10.0
 DIVERGENCE_FLOOR = 10.0
 DIVERGENCE_CEILING = 50.0
@@ -171,9 +172,10 @@ class DivergenceWatch:
     evaluation without a second error.
     """
 
-    def __init__(self):
+    def __init__(self, ceiling: float = DIVERGENCE_CEILING):
         self.first: dict[str, float] = {}
         self.fired = False
+        self.ceiling = ceiling
 
     def check(self, rec: dict[str, Any]) -> str | None:
         """The reason ``rec`` (raw: before non-finite values became None) shows divergence, else None."""
@@ -190,9 +192,9 @@ class DivergenceWatch:
             if v > DIVERGENCE_FACTOR * first and v > DIVERGENCE_FLOOR:
                 self.fired = True
                 return f"{name} {v:.4g} (was {first:.4g} at the first evaluation)"
-            if v > DIVERGENCE_CEILING:
+            if v > self.ceiling:
                 self.fired = True
-                return f"{name} {v:.4g} (above {DIVERGENCE_CEILING:g}: far beyond the loss of an untrained model)"
+                return f"{name} {v:.4g} (above {self.ceiling:g}: far beyond the loss of an untrained model)"
         return None
 
 
@@ -206,7 +208,7 @@ def divergence_message(config: dict[str, Any], wall_s: float, reason: str) -> st
     lr = config.get("lr")
     if not isinstance(lr, (int, float)) or not lr > 0:
         return f"{head}; lower the learning rate (--lr)"
-    return f"{head}; lower the learning rate, e.g. --lr {lr / 10:.3g} (now {lr:g})"
+    return f"{head}; lower the learning rate, e.g. --lr {lr / 10:g} (now {lr:g})"
 
 
 class RunRecorder:
@@ -218,7 +220,7 @@ class RunRecorder:
     """
 
     def __init__(self, out_dir: str | Path | None, config: dict[str, Any], quiet: bool = False,
-                 write_config: bool = True):
+                 write_config: bool = True, loss_ceiling: float = DIVERGENCE_CEILING):
         self.out_dir = Path(out_dir) if out_dir else None
         self.records: list[dict[str, Any]] = []
         self.quiet = quiet
@@ -226,7 +228,7 @@ class RunRecorder:
         self._bar = None
         self._bar_checked = False
         self._tensorboard: _TensorBoardLog | None = None
-        self._divergence = DivergenceWatch()
+        self._divergence = DivergenceWatch(loss_ceiling)
         if self.out_dir is not None:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             if write_config:

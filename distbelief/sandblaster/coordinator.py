@@ -312,7 +312,8 @@ class Coordinator:
             except _ShardFailed as e:
                 if not self.settings.checkpoint_dir or self._ckpt is None:
                     raise RoleFailedError(f"{e}. Sandblaster keeps its history on the shards and cannot continue "
-                                          f"without iteration checkpoints (checkpoint_dir)") from e
+                                          f"without iteration checkpoints (checkpoint_dir; a run writes them "
+                                          f"unless --durability is off)") from e
                 n = self._restarts_by_shard.get(e.shard_id, 0)
                 if n >= self.settings.max_shard_restarts:
                     raise RoleFailedError(f"{e}; shard {e.shard_id} was already restarted {n} times "

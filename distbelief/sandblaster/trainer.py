@@ -117,9 +117,10 @@ class SandblasterTrainer:
         self._shard_killed_once = resume
 
     def _checkpoint_dir(self) -> str:
-        """Where shards save their vectors every iteration (on whenever Downpour's shard durability would be)."""
+        """Where shards save their vectors every iteration (on whenever Downpour's shard durability is: any
+        ``durability`` but "off")."""
         cfg = self.cfg
-        if not (cfg.checkpoint_every_seconds or cfg.checkpoint_every_updates or cfg.wal):
+        if cfg.durability == "off":
             return ""
         if cfg.out:
             root = Path(cfg.out) / "checkpoints"
@@ -131,8 +132,8 @@ class SandblasterTrainer:
     def _find_resume_point(self) -> ResumePoint:
         cfg = self.cfg
         if not self.checkpoint_dir:
-            raise ConfigError("resume", "sandblaster writes iteration checkpoints only with shard durability on "
-                                        "(checkpoint_every_seconds, checkpoint_every_updates or wal); all are off")
+            raise ConfigError("resume", "sandblaster writes iteration checkpoints only with shard durability on; "
+                                        "this run has --durability off (use snapshot or log)")
         point = find_resume_point(self.checkpoint_dir, self.total)
         st = point.state
         if st["history"] != cfg.history:
@@ -211,17 +212,23 @@ class SandblasterTrainer:
         return role
 
     def _inject_fault(self, coord: Coordinator) -> None:
+        """Fault injection by step, so that tests are deterministic: once the coordinator has finished
+        ``kill_replica_at_step`` (``kill_shard_at_step``) L-BFGS iterations, kill the replica (shard) in the middle
+        of the next one, while its portions are out. Fires once per run."""
         cfg = self.cfg
-        if cfg.kill_replica_after_s and not self._killed_once and self.clock.elapsed() >= cfg.kill_replica_after_s:
+        if (cfg.kill_replica_at_step and not self._killed_once
+                and coord.iterations >= cfg.kill_replica_at_step):
             slot = coord.slots.get(cfg.kill_replica_id)
             if slot is not None:
                 self._killed_once = True
-                self.rec.log(f"fault injection: killing replica {cfg.kill_replica_id}")
+                self.rec.log(f"fault injection: killing replica {cfg.kill_replica_id} at iteration "
+                             f"{coord.iterations}")
                 self.runtime.kill(slot.role)
-        if (cfg.kill_shard_after_s and not self._shard_killed_once
-                and self.clock.elapsed() >= cfg.kill_shard_after_s):
+        if (cfg.kill_shard_at_step and not self._shard_killed_once
+                and coord.iterations >= cfg.kill_shard_at_step):
             self._shard_killed_once = True
-            self.rec.log(f"fault injection: killing parameter shard {cfg.kill_shard_id}")
+            self.rec.log(f"fault injection: killing parameter shard {cfg.kill_shard_id} at iteration "
+                         f"{coord.iterations}")
             self.runtime.kill(self.shards[cfg.kill_shard_id])
 
     # ---------------------------------------------------------------- evaluation

@@ -18,7 +18,7 @@ PY = [sys.executable, "-m", "distbelief.cli"]
         (["--replicas", "0"], "replicas"),
         (["--shards", "-2"], "shards"),
         (["--lr", "abc"], "lr"),
-        (["--lr", "0"], "lr"),
+        (["--lr", "-1"], "lr"),
         (["--batch-size", "1.5"], "batch_size"),
         (["--model", "resnet"], "model"),
         (["--target-accuracy", "1.5"], "target_accuracy"),

@@ -6,7 +6,7 @@ from ray.cluster_utils import Cluster
 
 from distbelief import RunConfig
 from distbelief.api import train_task
-from distbelief.runtime.ray_runtime import SYSTEM_CONFIG, RayRuntime
+from distbelief.runtime.ray_runtime import SHARD_NODE_RESOURCE, SYSTEM_CONFIG, RayRuntime
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -14,7 +14,8 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 @pytest.fixture(scope="module")
 def cluster():
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "_system_config": SYSTEM_CONFIG})
-    nodes = [c.add_node(num_cpus=2) for _ in range(2)]
+    # Shards go to nodes offering the dedicated-shard resource (spread one per node), so not to the head.
+    nodes = [c.add_node(num_cpus=2, resources={SHARD_NODE_RESOURCE: 1}) for _ in range(2)]
     c.wait_for_nodes()
     ray.init(address=c.address, logging_level="ERROR")
     yield c, nodes
@@ -36,14 +37,15 @@ def test_losing_the_node_of_a_shard_and_replicas_the_run_still_reaches_its_targe
         removed.update(node=node.node_id, wall_s=record["wall_s"], replicas=replica_nodes.count(node.node_id),
                        shards=sum(rt.node_of(s) == node.node_id for s in trainer.shards))
         c.remove_node(node)
-        nodes.append(c.add_node(num_cpus=2))  # capacity comes back, as an autoscaler would bring it
+        nodes.append(c.add_node(num_cpus=2, resources={SHARD_NODE_RESOURCE: 1}))  # capacity comes back, as an
+        # autoscaler would bring it
 
-    # Shards ask for half a CPU so that they are placed on the worker nodes (not the driver's head node):
-    # 3 replicas + 2 shards fill both 2-CPU nodes, so one node necessarily hosts a shard and a replica.
+    # The two shards are spread over the two worker nodes (one each) and the 3 replicas fill their 4 CPUs, so the
+    # node removed necessarily hosts a shard and a replica.
     # Target 0.65 (chance is 0.1), reached only after the loss: 3 stale replicas on 2 cores took 30-50 s to 0.72 here,
     # including the ~10 s the node's loss costs (actors failing, a new node's workers starting, the shard restored
     # from its checkpoint + log); the node goes at 3 s, long before 0.65.
-    runtime = RayRuntime(shard_cpus=0.5, remote_timeout_s=120)
+    runtime = RayRuntime(remote_timeout_s=120)
     cfg = RunConfig(runtime="ray", replicas=3, shards=2, batch_size=128, max_seconds=150, target_accuracy=0.65,
                     eval_every_seconds=1.5, checkpoint_every_seconds=1, durability="log", out=str(tmp_path / "run"))
     try:

@@ -123,9 +123,26 @@ def test_downpour_shards_spread_over_three_nodes_each_receiving_only_its_slice(t
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_sync_on_three_nodes_matches_inprocess_and_shards_receive_slice_x_replicas(three_nodes, toy_data):
+def test_sync_on_three_nodes_matches_inprocess_and_shards_receive_slice_x_replicas(three_nodes, toy_data,
+                                                                                    monkeypatch):
     steps = 4
+    parts, fetched = set(), []  # the gradient parts made by sync_step; those the driver ever fetched
+    real_split, real_get = RayRuntime.call_split, ray.get
+
+    def split(self, *args):
+        f = real_split(self, *args)
+        parts.update(f.refs[:-1])
+        return f
+
+    def get(refs, *args, **kwargs):
+        fetched.extend(r for r in (refs if isinstance(refs, list) else [refs]) if r in parts)
+        return real_get(refs, *args, **kwargs)
+
+    monkeypatch.setattr(RayRuntime, "call_split", split)
+    monkeypatch.setattr(ray, "get", get)
     res, placed = _run_on(three_nodes, "sync", toy_data, steps)
+    monkeypatch.undo()
+    assert len(parts) == 3 * 2 * steps and not fetched  # the driver never held a gradient
     assert len(set(placed["nodes"])) == 3, placed
     layout = ShardLayout.balanced(res.summary["num_parameters"], 3)
     for k in range(3):

@@ -130,14 +130,14 @@ def test_trainer_restarts_a_killed_replica(toy_data):
     from tests.conftest import make_odd_model
 
     res = train(make_odd_model, toy_data[0], toy_data[1], quiet=True, runtime="inprocess", strategy="sandblaster",
-                replicas=2, shards=2, batch_size=256, portion_size=8, max_steps=0, max_seconds=3,
-                kill_replica_after_s=0.5, kill_replica_id=1, eval_every_seconds=1, portion_delay_s=0.002)
+                replicas=2, shards=2, batch_size=256, portion_size=8, max_steps=6, max_seconds=0,
+                kill_replica_at_step=2, kill_replica_id=1, eval_every_seconds=1, portion_delay_s=0.002)
+    # killed during iteration 3 (after 2 finished), always before the run can end at iteration 6
     assert res.summary["replica_restarts"] == 1 and res.summary["replicas_lost"] == 0
-    assert res.summary["stop_reason"] in ("time budget spent", "line search failed along the steepest descent "
-                                                                "(converged to precision)")
+    assert res.summary["stop_reason"] == "step limit reached" and res.summary["iterations"] == 6
 
 
-@pytest.mark.parametrize("field,value", [("portion_size", 0), ("history", 0), ("push_every_portions", -1),
+@pytest.mark.parametrize("field,value", [("portion_size", -1), ("history", 0), ("push_every_portions", -1),
                                          ("straggler_slowdown", 0.5), ("straggler_id", 7)])
 def test_bad_sandblaster_settings_name_the_field(field, value):
     with pytest.raises(ConfigError, match=f"^{field}:"):
@@ -157,8 +157,8 @@ def test_cli_sandblaster_without_backup_tasks(tmp_path, capsys):
     assert summary["history"] == 3 and summary["batch_size"] == 480
 
 
-def test_cli_rejects_a_zero_portion_size(tmp_path, capsys):
-    rc = main(["train", "--runtime", "inprocess", "--strategy", "sandblaster", "--portion-size", "0",
+def test_cli_rejects_a_negative_portion_size(tmp_path, capsys):
+    rc = main(["train", "--runtime", "inprocess", "--strategy", "sandblaster", "--portion-size", "-1",
                "--out", str(tmp_path / "run")])
     assert rc == 2 and "error: portion_size:" in capsys.readouterr().err
 

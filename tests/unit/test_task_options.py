@@ -1,5 +1,6 @@
 """Task and evaluation options: the speech class prior, the evaluation subsets, the training-accuracy probe."""
 
+import dataclasses
 import hashlib
 import json
 
@@ -47,3 +48,27 @@ def test_training_accuracy_probe_and_evaluation_subset():
     # 100 test examples: accuracy is a multiple of 1/100; the parameters are those of the plain run
     assert abs(rec["test_accuracy"] * 100 - round(rec["test_accuracy"] * 100)) < 1e-9
     assert torch.equal(probed.flat_params, plain.flat_params)
+
+
+@pytest.mark.parametrize("model,classes", [("speech-paper", 8192), ("speech-tiny", 256), ("speech-small", 256)])
+def test_speech_classes_follow_the_model_unless_given(model, classes):
+    assert RunConfig(task="speech", model=model).validate().num_classes == classes
+    assert RunConfig(task="speech", model=model, num_classes=64).validate().num_classes == 64
+    assert RunConfig(task="mnist1d").validate().num_classes == 0  # fixed by the data; not a knob
+
+
+def test_auto_settings_resolve_per_model_and_strategy_and_keep_user_values():
+    from distbelief.defaults import RECOMMENDED_LR
+
+    cfg = RunConfig(task="speech", model="speech-paper").validate()
+    assert cfg.lr == RECOMMENDED_LR[("speech-paper", "adagrad")] < 0.05 and cfg.batch_size == 32
+    assert RunConfig(server_optimizer="sgd").validate().lr == RECOMMENDED_LR[("mlp", "sgd")]
+    assert RunConfig(lr=0.3).validate().lr == 0.3
+    sb = RunConfig(strategy="sandblaster").validate()
+    assert (sb.batch_size, sb.portion_size) == (8000, 500)
+    assert RunConfig(strategy="sandblaster", batch_size=640).validate().portion_size == 40
+    again = dataclasses.replace(sb).validate()  # validating a validated config changes nothing
+    assert again == sb
+    for field in ("lr", "batch_size", "portion_size", "num_classes"):
+        with pytest.raises(ConfigError, match=f"^{field}:"):
+            RunConfig(**{field: -1}).validate()
