@@ -25,7 +25,10 @@ def test_snapshot_mode_reports_exactly_the_updates_it_lost(tmp_path):
     up = s["updates_per_shard"]
     assert s["shard_restarts"] == 1 and s["steps_per_replica"] == [400] and up[0] == 400
     assert s["updates_lost"] == up[0] - up[1]
-    assert 0 < s["updates_lost"] < 400  # something was lost, and not everything: a snapshot after 0 was used
+    # Not everything since the start: the background snapshot at update 25 (or a later one) was used. (It can be 0:
+    # under load the kill may land right on a snapshot's update; the base-snapshot test below always loses some.)
+    killed = next(e for e in s["events"] if e["event"] == "shard killed")
+    assert 0 <= s["updates_lost"] < killed["step"]
     restored = next(e for e in s["events"] if e["event"] == "shard restored")
     assert restored["replayed_updates"] == 0 and restored["updates_lost"] == s["updates_lost"]
 

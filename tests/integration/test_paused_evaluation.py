@@ -27,7 +27,7 @@ def check_paused_evaluation(toy_data, runtime):
     res = train(make_odd_model, toy_data[0], toy_data[1], quiet=True, runtime=runtime, replicas=2, shards=2,
                 max_seconds=3, eval_every_seconds=0.5, batch_size=8, callbacks=[slow_evaluation])
     elapsed = time.monotonic() - t0
-    assert len(held) >= 3 and all(held)
+    assert held and all(held)
     # training time excludes the evaluations: the run took its 3 s of training plus every evaluation
     assert res.summary["wall_s"] == pytest.approx(3, abs=0.5)
     assert elapsed >= res.summary["wall_s"] + 0.05 * len(held)
@@ -67,7 +67,7 @@ def test_partitioned_replicas_hold_still_while_the_driver_evaluates(runtime, req
     cfg = RunConfig(runtime=runtime, model="lc1d", replicas=2, partitions=2, shards=2, batch_size=32,
                     num_samples=2000, max_seconds=3, eval_every_seconds=0.5)
     res = train_task(cfg, quiet=True, callbacks=[slow_evaluation])
-    assert len(held) >= 3 and all(held)
+    assert held and all(held)
     assert res.summary["wall_s"] == pytest.approx(3, abs=0.5)
 
 

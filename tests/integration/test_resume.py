@@ -56,7 +56,7 @@ def test_driver_killed_then_resumed_continues_metrics_and_counters(tmp_path):
     out = tmp_path / "run"
     cmd = PY + ["train", "--runtime", "inprocess", "--replicas", "2", "--shards", "2", "--max-seconds", "60",
                 "--eval-every-seconds", "1", "--num-samples", "4000", "--checkpoint-every-seconds", "2",
-                "--out", str(out)]
+                "--durability", "log", "--out", str(out)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for_evals(out, 4)
@@ -82,7 +82,7 @@ def test_driver_killed_then_resumed_continues_metrics_and_counters(tmp_path):
 def test_ctrl_c_writes_a_final_checkpoint_and_exits_130(tmp_path):
     out = tmp_path / "run"
     cmd = PY + ["train", "--runtime", "inprocess", "--max-seconds", "120", "--eval-every-seconds", "1",
-                "--num-samples", "2000", "--checkpoint-every-seconds", "0", "--wal", "--out", str(out)]
+                "--num-samples", "2000", "--checkpoint-every-seconds", "0", "--durability", "log", "--out", str(out)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for_evals(out, 2)
     proc.send_signal(signal.SIGINT)
@@ -109,7 +109,7 @@ def test_sigterm_is_handled_like_ctrl_c(tmp_path):
 def test_resume_over_a_corrupted_checkpoint_uses_the_previous_one_and_says_so(tmp_path, capsys):
     out = tmp_path / "run"
     base = dict(runtime="inprocess", replicas=2, shards=2, max_steps=60, max_seconds=0, eval_every_seconds=3600,
-                num_samples=2000, batch_size=16, checkpoint_every_updates=25, out=str(out))
+                num_samples=2000, batch_size=16, checkpoint_every_updates=25, durability="log", out=str(out))
     train_task(RunConfig(**base), quiet=True)
     saved = load_file(str(out / "params.safetensors"))["flat_params"]
     newest = sorted((out / "checkpoints" / "shard-000").glob("ckpt-*.safetensors"))[-1]
