@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
+import time
 
 import torch
 
 from distbelief.data.batches import BatchSource
 from distbelief.evaluation import evaluate_job
-from distbelief.metrics import Clock, RunRecorder
+from distbelief.metrics import Clock, EvalSchedule, RunRecorder
 from distbelief.ps.sharding import flatten
 
 
@@ -34,6 +35,7 @@ def run_single_process(job, recorder: RunRecorder) -> tuple[dict, torch.Tensor]:
                  f"({sum(p.numel() for p in model.parameters()):,} parameters)")
     clock = Clock()
     next_eval = cfg.eval_every_seconds
+    schedule = EvalSchedule(cfg.eval_every_seconds, recorder.log)
     step, examples, loss_ema = 0, 0, math.nan
     best, time_to_target, stop_reason = -1.0, None, "step limit reached"
 
@@ -66,8 +68,9 @@ def run_single_process(job, recorder: RunRecorder) -> tuple[dict, torch.Tensor]:
         lv = loss.item()
         loss_ema = lv if math.isnan(loss_ema) else 0.9 * loss_ema + 0.1 * lv
         if clock.elapsed() >= next_eval:
+            t0 = time.monotonic()
             record()
-            next_eval = clock.elapsed() + cfg.eval_every_seconds
+            next_eval = clock.elapsed() + schedule.interval(time.monotonic() - t0)
         if time_to_target is not None:
             stop_reason = "target accuracy reached"
             break

@@ -41,7 +41,7 @@ from distbelief.baselines import make_torch_optimizer
 from distbelief.data.batches import BatchSource, replica_indices
 from distbelief.evaluation import evaluate_job
 from distbelief.exceptions import ConfigError, DistBeliefError, RemoteTimeoutError, RoleFailedError
-from distbelief.metrics import Clock, RunRecorder
+from distbelief.metrics import Clock, EvalSchedule, RunRecorder
 from distbelief.ps.sharding import flatten
 
 # Worker phases, written by the worker into its row of SharedProgress.
@@ -600,6 +600,7 @@ class MultiprocessRun:
     def _supervise(self) -> None:
         cfg = self.cfg
         next_eval = cfg.eval_every_seconds
+        schedule = EvalSchedule(cfg.eval_every_seconds, self.rec.log)
         last_progress: dict[int, tuple[int, float]] = {}
         while True:
             poll_s = 0.005 if self._kill_pending() else 0.25  # a pending kill watches the step count closely
@@ -610,8 +611,9 @@ class MultiprocessRun:
             self._check_hangs(last_progress)
             self._maybe_inject_fault()
             if self.clock.elapsed() >= next_eval:
+                t0 = time.monotonic()
                 self._evaluate_paused()
-                next_eval = self.clock.elapsed() + cfg.eval_every_seconds
+                next_eval = self.clock.elapsed() + schedule.interval(time.monotonic() - t0)
                 last_progress.clear()  # the workers were paused on purpose: no step then is not a hang
             if self.time_to_target is not None:
                 self.stop_reason = "target accuracy reached"

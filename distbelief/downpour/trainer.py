@@ -22,7 +22,7 @@ from distbelief.data.batches import BatchSource, replica_indices
 from distbelief.downpour.replica import ModelReplica, ReplicaSettings
 from distbelief.evaluation import evaluate_job
 from distbelief.exceptions import ConfigError, DistBeliefError, RemoteTimeoutError, RoleFailedError
-from distbelief.metrics import Clock, RunRecorder
+from distbelief.metrics import Clock, EvalSchedule, RunRecorder
 from distbelief.policies import Decision, RestartPolicy
 from distbelief.ps.optimizers import make_server_optimizer
 from distbelief.ps.shard import Durability, ParameterShard
@@ -149,7 +149,7 @@ class ParameterServerTrainer:
         self.replicas: dict[int, _ReplicaState] = {}
         self.eval_mode = "paused"  # set once the replicas are placed (_choose_evaluation)
         self._last_eval_s = 0.0
-        self._told_eval_interval = False
+        self.eval_schedule = EvalSchedule(cfg.eval_every_seconds, self.rec.log)
         self.clock: Clock | None = None
         p = self.prev
         self.best_acc = p.get("best_acc", -1.0)
@@ -373,23 +373,8 @@ class ParameterServerTrainer:
         finally:
             self._last_eval_s = time.monotonic() - t0
 
-    # An evaluation may take at most this share of the run's wall-clock time (its interval grows to match).
-    EVAL_SHARE = 0.1
-
     def _eval_interval(self) -> float:
-        """Training seconds until the next evaluation: ``eval_every_seconds``, stretched when an evaluation
-        takes so long (a big model on a big test set) that the run would spend more than EVAL_SHARE of its
-        wall-clock time evaluating."""
-        want = self.cfg.eval_every_seconds
-        need = self._last_eval_s * (1 - self.EVAL_SHARE) / self.EVAL_SHARE
-        if need <= want:
-            return want
-        if not self._told_eval_interval:
-            self._told_eval_interval = True
-            self.rec.log(f"an evaluation takes {self._last_eval_s:.1f}s: evaluating every {need:.0f}s of training "
-                         f"instead of every {want:g}s (--eval-every-seconds), so that evaluation stays under "
-                         f"{self.EVAL_SHARE:.0%} of the run's time; --eval-samples N evaluates on fewer examples")
-        return need
+        return self.eval_schedule.interval(self._last_eval_s)
 
     def evaluate_now(self) -> dict:
         wall = self.clock.elapsed()
@@ -640,10 +625,12 @@ class ParameterServerTrainer:
                 for st in self.replicas.values():
                     st.steps = step
             if self.clock.elapsed() >= next_eval:
+                t0 = time.monotonic()
                 self.clock.pause()  # synchronous training stops while we evaluate: don't count it
                 self.evaluate_now()
                 self.clock.resume()
-                next_eval = self.clock.elapsed() + cfg.eval_every_seconds
+                self._last_eval_s = time.monotonic() - t0
+                next_eval = self.clock.elapsed() + self._eval_interval()
             if self._should_stop():
                 break
         for st in self.replicas.values():

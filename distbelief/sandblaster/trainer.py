@@ -23,7 +23,7 @@ import torch
 from distbelief.downpour.trainer import Job, materialize
 from distbelief.evaluation import evaluate_job
 from distbelief.exceptions import ConfigError
-from distbelief.metrics import Clock, RunRecorder
+from distbelief.metrics import Clock, EvalSchedule, RunRecorder
 from distbelief.policies import Decision, RestartPolicy
 from distbelief.ps.shard import ParameterShard
 from distbelief.ps.sharding import ShardLayout, flatten, unflatten_into
@@ -380,6 +380,7 @@ class SandblasterTrainer:
         The stop conditions are checked before each step, so a resumed run that already met one takes no step."""
         cfg = self.cfg
         next_eval = self.clock.elapsed() + cfg.eval_every_seconds
+        schedule = EvalSchedule(cfg.eval_every_seconds, self.rec.log)
         while True:
             if cfg.max_steps and coord.iterations >= cfg.max_steps:  # counts iterations across resumes
                 self.stop_reason = "step limit reached"
@@ -396,11 +397,12 @@ class SandblasterTrainer:
                 self.stop_reason = result.stopped
                 return
             if self.clock.elapsed() >= next_eval:
+                t0 = time.monotonic()
                 self.clock.pause()  # L-BFGS waits while we evaluate: don't count it as training time
                 self.evaluate_now()
                 self._write_state()  # the best accuracy so far, with the checkpoint just written
                 self.clock.resume()
-                next_eval = self.clock.elapsed() + cfg.eval_every_seconds
+                next_eval = self.clock.elapsed() + schedule.interval(time.monotonic() - t0)
 
     def _replica_portions(self) -> list[int]:
         """Portions each replica id computed (duplicates included; restarts add up)."""

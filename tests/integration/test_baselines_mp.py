@@ -125,7 +125,8 @@ def test_workers_are_paused_while_the_driver_evaluates(strategy):
     res = train(make_odd_model, toy_split("train"), toy_split("test"), strategy=strategy, replicas=2,
                 max_seconds=1.5, eval_every_seconds=0.15, callbacks=[watch], **FAST)
     elapsed = time.monotonic() - started
-    assert res.summary["stop_reason"] == "time budget spent" and len(watch.seen) >= 4
+    # (evaluations are spaced so that they stay under 10% of the run's time: the 0.1 s sleeps stretch them)
+    assert res.summary["stop_reason"] == "time budget spent" and len(watch.seen) >= 2
     for updates, before, after in watch.seen:
         assert before == after, watch.seen  # no worker took a step while the driver evaluated
         # the record counts the paused workers' steps (hogwild: their sum; ddp: one per synchronous step)
