@@ -28,7 +28,7 @@ def test_losing_the_node_of_a_shard_and_replicas_the_run_still_reaches_its_targe
     removed = {}
 
     def remove_node_of_a_shard_and_a_replica(trainer, record):
-        if removed or record["wall_s"] < 3:
+        if removed:  # the first evaluation: early in the run, whatever this machine's speed
             return
         rt = trainer.runtime
         shard_nodes = {rt.node_of(s) for s in trainer.shards}
@@ -42,12 +42,13 @@ def test_losing_the_node_of_a_shard_and_replicas_the_run_still_reaches_its_targe
 
     # The two shards are spread over the two worker nodes (one each) and the 3 replicas fill their 4 CPUs, so the
     # node removed necessarily hosts a shard and a replica.
-    # Target 0.65 (chance is 0.1), reached only after the loss: 3 stale replicas on 2 cores took 30-50 s to 0.72 here,
-    # including the ~10 s the node's loss costs (actors failing, a new node's workers starting, the shard restored
-    # from its checkpoint + log); the node goes at 3 s, long before 0.65.
+    # Target 0.75 (chance is 0.1), reached only after the loss: the node goes at the first evaluation (1 s of
+    # training), and 3 replicas reached 0.65 only at 3 s (evaluation paused, 2026-12-04), 0.75 takes several times
+    # that, plus the ~10 s the node's loss costs (actors failing, a new node's workers starting, the shard restored
+    # from its checkpoint + log).
     runtime = RayRuntime(remote_timeout_s=120)
-    cfg = RunConfig(runtime="ray", replicas=3, shards=2, batch_size=128, max_seconds=150, target_accuracy=0.65,
-                    eval_every_seconds=1.5, checkpoint_every_seconds=1, durability="log", out=str(tmp_path / "run"))
+    cfg = RunConfig(runtime="ray", replicas=3, shards=2, batch_size=128, max_seconds=150, target_accuracy=0.75,
+                    eval_every_seconds=1.0, checkpoint_every_seconds=1, durability="log", out=str(tmp_path / "run"))
     try:
         res = train_task(cfg, quiet=True, runtime=runtime, callbacks=[remove_node_of_a_shard_and_a_replica])
     finally:
@@ -57,5 +58,5 @@ def test_losing_the_node_of_a_shard_and_replicas_the_run_still_reaches_its_targe
     assert removed["shards"] >= 1 and removed["replicas"] >= 1
     assert s["shard_restarts"] == removed["shards"] and s["updates_lost"] == 0
     assert s["replica_restarts"] == removed["replicas"] and s["replicas_lost"] == 0
-    assert s["stop_reason"] == "target accuracy reached" and s["best_test_accuracy"] >= 0.65
+    assert s["stop_reason"] == "target accuracy reached" and s["best_test_accuracy"] >= 0.75
     assert s["time_to_target_s"] > removed["wall_s"]  # the target was reached after the loss, not before
