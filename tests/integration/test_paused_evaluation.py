@@ -13,19 +13,27 @@ def replica_steps(trainer) -> list[int]:
     return [trainer.runtime.call(st.role, "stats").result(10)["steps"] for st in trainer.replicas.values()]
 
 
-def check_paused_evaluation(toy_data, runtime):
-    held = []  # per evaluation: did any replica step while the driver was evaluating?
+class StepWatch:
+    """An evaluation callback that sleeps 50 ms and records, per evaluation, whether the replicas stood still
+    meanwhile (a replica that kept training would step: a step takes a few ms here)."""
 
-    def slow_evaluation(trainer, record):
+    def __init__(self):
+        self.held: list[bool] = []
+
+    def __call__(self, trainer, record):
         if trainer.stop_reason:  # the final evaluation, after the replicas finished
             return
         before = replica_steps(trainer)
-        time.sleep(0.05)  # a replica that kept training would step meanwhile (a step takes a few ms here)
-        held.append(replica_steps(trainer) == before)
+        time.sleep(0.05)
+        self.held.append(replica_steps(trainer) == before)
 
+
+def check_paused_evaluation(toy_data, runtime):
+    watch = StepWatch()
+    held = watch.held
     t0 = time.monotonic()
     res = train(make_odd_model, toy_data[0], toy_data[1], quiet=True, runtime=runtime, replicas=2, shards=2,
-                max_seconds=3, eval_every_seconds=0.5, batch_size=8, callbacks=[slow_evaluation])
+                max_seconds=3, eval_every_seconds=0.5, batch_size=8, callbacks=[watch])
     elapsed = time.monotonic() - t0
     assert held and all(held)
     # training time excludes the evaluations: the run took its 3 s of training plus every evaluation
@@ -55,37 +63,21 @@ def test_partitioned_replicas_hold_still_while_the_driver_evaluates(runtime, req
 
     if runtime == "ray":
         request.getfixturevalue("ray_local")
-    held = []
-
-    def slow_evaluation(trainer, record):
-        if trainer.stop_reason:
-            return
-        before = replica_steps(trainer)
-        time.sleep(0.05)
-        held.append(replica_steps(trainer) == before)
-
+    watch = StepWatch()
     cfg = RunConfig(runtime=runtime, model="lc1d", replicas=2, partitions=2, shards=2, batch_size=32,
                     num_samples=2000, max_seconds=3, eval_every_seconds=0.5)
-    res = train_task(cfg, quiet=True, callbacks=[slow_evaluation])
-    assert held and all(held)
+    res = train_task(cfg, quiet=True, callbacks=[watch])
+    assert watch.held and all(watch.held)
     assert res.summary["wall_s"] == pytest.approx(3, abs=0.5)
 
 
 def test_concurrent_evaluation_lets_the_replicas_train_meanwhile(toy_data):
     """evaluation = "concurrent" (auto picks it where the driver has a core of its own): no pause."""
-    moved = []
-
-    def slow_evaluation(trainer, record):
-        if trainer.stop_reason:
-            return
-        before = replica_steps(trainer)
-        time.sleep(0.05)
-        moved.append(replica_steps(trainer) != before)
-
+    watch = StepWatch()
     res = train(make_odd_model, toy_data[0], toy_data[1], quiet=True, runtime="inprocess", replicas=2, shards=2,
                 max_seconds=2, eval_every_seconds=0.5, batch_size=8, evaluation="concurrent",
-                callbacks=[slow_evaluation])
-    assert moved and all(moved)
+                callbacks=[watch])
+    assert watch.held and not any(watch.held)  # the replicas stepped during every evaluation
     assert res.summary["evaluation"] == "concurrent"
 
 
