@@ -107,9 +107,8 @@ class ModelReplica:
         self._go.set()
 
     def _hold_if_paused(self, pending_push):
-        """The loop's side of pause(): settle the push in flight, then wait for resume() (or stop)."""
-        if self._go.is_set():
-            return pending_push
+        """The loop's side of pause() (called once it saw the request): settle the push in flight, then wait for
+        resume() (or stop)."""
         if pending_push is not None:
             pending_push.result(self.settings.remote_timeout_s)
             pending_push = None
