@@ -122,9 +122,10 @@ class ModelReplica:
     def kill(self) -> None:
         self._killed = True
 
-    def replace_shard(self, shard_id: int, handle) -> None:
-        """Point this replica at a restarted shard; calls waiting on the dead one are re-sent to it."""
-        self.client.replace_shard(shard_id, handle)
+    def replace_shard(self, shard_id: int, handle) -> int:
+        """Point this replica at a restarted shard; calls waiting on the dead one are re-sent to it. Returns the
+        highest version the dead one acknowledged to us."""
+        return self.client.replace_shard(shard_id, handle)
 
     def stats(self) -> dict:
         return {
@@ -135,6 +136,7 @@ class ModelReplica:
             "pushes": self.pushes,
             "push_fetches": self.push_fetches,
             "zero_copy": self.zero_copy,
+            "colocated": self.client.colocated is not None,
             "loss_ema": self.loss_ema,
             "compute_s": self.compute_s,
             "wait_s": self.wait_s,

@@ -204,20 +204,22 @@ class ParameterServerTrainer:
             ParameterShard.restore, k, lo, hi, self.optimizer, self.total, self.durability,
             self.init_flat[lo:hi].numpy()))
         st = self.runtime.call(role, "stats").result(max(self.timeout_s, 180.0))
-        # Replicas are blocked on the dead shard, so what they hold as acknowledged is final for it.
+        # The highest version of the dead shard any replica saw acknowledged: from their last statistics, and
+        # from what each reports as it switches to the new shard (replicas with co-located updates were not
+        # blocked on the dead shard's process and may have applied more to its memory until then).
         self._poll_replicas()
         acked = max([r.last_stats.get("acked", [0] * (k + 1))[k] for r in self.replicas.values()
                      if r.last_stats] + [0])
-        lost = max(0, acked - st["updates"])
         self.shards[k] = role
         self.client.replace_shard(k, role.handle)
         handed = [(rid, self.runtime.call(r.role, "replace_shard", k, role.handle))
                   for rid, r in self.replicas.items() if r.alive]
         for rid, f in handed:
             try:
-                f.result(self.timeout_s)
+                acked = max(acked, f.result(self.timeout_s) or 0)
             except (RoleFailedError, RemoteTimeoutError) as e:  # its run() will fail too and be restarted
                 self.rec.log(f"replica {rid} could not take the restarted shard {k}: {e}")
+        lost = max(0, acked - st["updates"])
         self._shard_restarts_by_id[k] += 1
         self.shard_restarts += 1
         self.updates_lost += lost
@@ -718,6 +720,7 @@ class ParameterServerTrainer:
             # the data plane of the replicas' latest incarnations: fused push+fetch calls, models in shared memory
             "push_fetch_calls": sum(st.last_stats.get("push_fetches", 0) for st in self.replicas.values()),
             "replicas_zero_copy": sum(bool(st.last_stats.get("zero_copy")) for st in self.replicas.values()),
+            "replicas_colocated": sum(bool(st.last_stats.get("colocated")) for st in self.replicas.values()),
             "staleness_mean": sum(s["staleness_sum"] for s in stats) / count if count else 0.0,
             "staleness_max": max(s["staleness_max"] for s in stats),
             "rejected_pushes": sum(s["rejected_pushes"] for s in stats),

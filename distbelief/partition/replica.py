@@ -104,11 +104,12 @@ class PartitionReplica:
     def kill(self) -> None:
         self._killed = True
 
-    def replace_shard(self, shard_id: int, handle) -> None:
+    def replace_shard(self, shard_id: int, handle) -> int:
         """Point this partition at a restarted shard (if it holds part of our range); calls waiting on the dead
-        one are re-sent to it."""
+        one are re-sent to it. Returns the highest version the dead one acknowledged to us (0: none)."""
         if self.client is not None:
-            self.client.replace_shard(shard_id, handle)
+            return self.client.replace_shard(shard_id, handle)
+        return 0
 
     def stats(self) -> dict[str, Any]:
         s = self.partition.stats

@@ -11,6 +11,7 @@ parameter-sized vector.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import warnings
@@ -100,6 +101,22 @@ class _SnapshotWriter:
             raise RuntimeError(f"a background snapshot failed: {err}") from err
 
 
+# A shard's counters live in one int64 array, so that a shared shard (ps/colocated.py) keeps them in shared
+# memory with its parameters: co-located replicas update them under the shard's lock.
+_COUNTER_SLOTS = ("version", "examples", "rejected_pushes", "staleness_sum", "staleness_max", "staleness_count",
+                  "bytes_pushed", "bytes_fetched", "_last_ckpt_version", "_last_ckpt_time_ns", "_snapshot_claimed")
+
+
+def _counter(slot: int) -> property:
+    def get(self) -> int:
+        return int(self._ctr[slot])
+
+    def set(self, value: int) -> None:
+        self._ctr[slot] = value
+
+    return property(get, set)
+
+
 class ParameterShard:
     """A slice ``[lo, hi)`` of the flat parameters plus the server optimizer state for it.
 
@@ -109,34 +126,53 @@ class ParameterShard:
         init_values: float32 array of length ``hi - lo`` with the initial parameter values.
         optimizer: a server rule from :mod:`distbelief.ps.optimizers`, or None for a shard used only for vectors.
         total: total number of model parameters (used to validate pushes).
+        storage, lock: (ps/colocated.py) arrays to use as the state, in place — ``params``, ``opt.<name>`` and
+            ``counters`` — and the lock that guards them; a replica's view of a shared shard is built this way.
     """
+
+    # Updates applied to this shard; examples represented by the applied pushes; pushes refused; staleness of
+    # the applied pushes; traffic through this shard: gradient bytes read from pushes (only our range, even when
+    # a push maps the whole vector) and parameter bytes served by fetches (the driver's evaluation reads included).
+    version = _counter(0)
+    examples = _counter(1)
+    rejected_pushes = _counter(2)
+    staleness_sum = _counter(3)
+    staleness_max = _counter(4)
+    staleness_count = _counter(5)
+    bytes_pushed = _counter(6)
+    bytes_fetched = _counter(7)
+    # The version and time (monotonic ns: one clock for all processes of a machine) of the last snapshot, and
+    # whether a co-located replica has asked for the next one (so that only one asks).
+    _last_ckpt_version = _counter(8)
+    _last_ckpt_time_ns = _counter(9)
+    _snapshot_claimed = _counter(10)
 
     def __init__(self, shard_id: int, lo: int, hi: int, init_values, optimizer, total: int,
                  durability: Durability | None = None, init_state: dict | None = None,
-                 counters: dict | None = None):
+                 counters: dict | None = None, storage: dict[str, np.ndarray] | None = None, lock=None):
         if hi <= lo:
             raise ValueError(f"shard {shard_id}: empty range [{lo}, {hi})")
-        values = np.array(init_values, dtype=np.float32, copy=True).reshape(-1)
-        if values.size != hi - lo:
-            raise ValueError(f"shard {shard_id}: init_values has {values.size} elements, range needs {hi - lo}")
         self.shard_id, self.lo, self.hi, self.total = shard_id, lo, hi, total
         self.optimizer = optimizer
-        self._params_np = values
-        self.vectors: dict[str, torch.Tensor] = {PARAMS: torch.from_numpy(values)}
+        # Held while the state changes or is read as a whole. A no-op unless the state is shared with
+        # co-located replicas (share()), whose processes then take the same lock.
+        self.lock = lock if lock is not None else contextlib.nullcontext()
+        self._shared: dict | None = None
         self.opt_state = optimizer.init_state(hi - lo) if optimizer is not None else {}
-        for name, value in (init_state or {}).items():
-            self.opt_state[name].copy_(_as_tensor(np.asarray(value, dtype=np.float32)).reshape(-1))
-        counters = counters or {}
-        self.version = int(counters.get("version", 0))  # updates applied to this shard
-        self.examples = int(counters.get("examples", 0))  # examples represented by the applied pushes
-        self.rejected_pushes = int(counters.get("rejected_pushes", 0))
-        self.staleness_sum = int(counters.get("staleness_sum", 0))
-        self.staleness_max = int(counters.get("staleness_max", 0))
-        self.staleness_count = int(counters.get("staleness_count", 0))
-        # Traffic through this shard: gradient bytes read from pushes (only our range, even when a push maps the
-        # whole vector) and parameter bytes served by fetches (the driver's evaluation reads included).
-        self.bytes_pushed = int(counters.get("bytes_pushed", 0))
-        self.bytes_fetched = int(counters.get("bytes_fetched", 0))
+        if storage is not None:
+            self._bind(storage)
+        else:
+            values = np.array(init_values, dtype=np.float32, copy=True).reshape(-1)
+            if values.size != hi - lo:
+                raise ValueError(f"shard {shard_id}: init_values has {values.size} elements, range needs "
+                                 f"{hi - lo}")
+            self._params_np = values
+            self.vectors: dict[str, torch.Tensor] = {PARAMS: torch.from_numpy(values)}
+            for name, value in (init_state or {}).items():
+                self.opt_state[name].copy_(_as_tensor(np.asarray(value, dtype=np.float32)).reshape(-1))
+            self._ctr = np.zeros(len(_COUNTER_SLOTS), dtype=np.int64)
+            for name in self.COUNTERS:
+                setattr(self, name, int((counters or {}).get(name, 0)))
         self.restored_from_version = -1
         self.replayed_updates = 0
         self.corrupt_checkpoints: list[str] = []
@@ -147,8 +183,9 @@ class ParameterShard:
         self.duplicate_pushes = 0
         self.durability = durability
         self._wal = None
-        self._last_ckpt_version = self.version
-        self._last_ckpt_time = time.monotonic()
+        if storage is None:
+            self._last_ckpt_version = self.version
+            self._last_ckpt_time_ns = time.monotonic_ns()
         self._writer = _SnapshotWriter()
         self._snap_bufs: dict[str, torch.Tensor] = {}  # reused by every background snapshot
         self.snapshot_s = 0.0  # time the push path spent copying state for background snapshots
@@ -195,9 +232,15 @@ class ParameterShard:
 
     def _mark_snapshot(self) -> None:
         """The state as of now is (being) saved: later pushes go to a new log, the cadence restarts."""
-        self._last_ckpt_version, self._last_ckpt_time = self.version, time.monotonic()
+        self._last_ckpt_version, self._last_ckpt_time_ns = self.version, time.monotonic_ns()
+        self._snapshot_claimed = 0
         if self._wal is not None:
             self._wal.start(self.version)
+
+    def _snapshot_due(self, every_updates: int, every_seconds: float) -> bool:
+        return bool((every_updates and self.version - self._last_ckpt_version >= every_updates) or (
+            every_seconds and time.monotonic_ns() - self._last_ckpt_time_ns >= every_seconds * 1e9) or (
+            self._wal is not None and self._wal.bytes_since_start >= self.durability.log_max_bytes))
 
     def checkpoint(self) -> int:
         """Write a checkpoint now, in this thread (atomic, checksummed); waits for a background snapshot in
@@ -205,18 +248,21 @@ class ParameterShard:
         if self.durability is None:
             raise RuntimeError(f"shard {self.shard_id} has no checkpoint directory configured")
         self._writer.wait()
-        meta, tensors = self._state()
-        self._mark_snapshot()
+        with self.lock:
+            # A shared state changes under co-located replicas' hands: save a copy taken under the lock.
+            meta, tensors = self._state(copy_into=self._snap_bufs if self._shared else None)
+            self._mark_snapshot()
         self._write(meta, tensors)
-        return self.version
+        return meta["version"]
 
     def _snapshot_in_background(self) -> None:
         """Copy the state (the only work on the push path) and let the writer thread save it."""
         t0 = time.perf_counter()
         if self._writer.error is not None:
             self._writer.wait()  # raises: a shard that cannot save its state must say so, not go on silently
-        meta, tensors = self._state(copy_into=self._snap_bufs)
-        self._mark_snapshot()
+        with self.lock:
+            meta, tensors = self._state(copy_into=self._snap_bufs)
+            self._mark_snapshot()
         self._writer.submit(lambda: self._write(meta, tensors))
         self.snapshot_s += time.perf_counter() - t0
 
@@ -227,15 +273,76 @@ class ParameterShard:
             return
         if self._wal is not None:
             self._wal.append(self.version, start, stop, num_examples, g.numpy(), session, seq)
-        due = (d.every_updates and self.version - self._last_ckpt_version >= d.every_updates) or (
-            d.every_seconds and time.monotonic() - self._last_ckpt_time >= d.every_seconds) or (
-            self._wal is not None and self._wal.bytes_since_start >= d.log_max_bytes)
-        if not due:
+        if not self._snapshot_due(d.every_updates, d.every_seconds):
             return
         if not d.background:
             self.checkpoint()
         elif not self._writer.busy():  # else: the previous snapshot is still being written; try at the next push
             self._snapshot_in_background()
+
+    # ------------------------------------------------------------------ sharing with co-located replicas
+    def _bind(self, storage: dict[str, np.ndarray]) -> None:
+        """Use ``storage``'s arrays as this shard's state, in place (ps/colocated.py)."""
+        self._params_np = storage[PARAMS]
+        self.vectors = {PARAMS: torch.from_numpy(self._params_np)}
+        for name in list(self.opt_state):
+            if f"opt.{name}" in storage:
+                self.opt_state[name] = torch.from_numpy(storage[f"opt.{name}"])
+        self._ctr = storage["counters"]
+
+    def share(self, base: str, timeout_s: float = 120.0) -> dict | None:
+        """Move this shard's state into shared memory (files ``<base>-s<id>-...``, ``base`` a path prefix in
+        /dev/shm) so that replicas
+        on this machine apply their pushes to it themselves (ps/colocated.py); returns what they need to map
+        it, the same on every call. None when this shard cannot be shared: a vector-only shard, or one that
+        logs every push (``--durability log``)."""
+        if self.optimizer is None or self._wal is not None:
+            return None
+        if self._shared is None:
+            from distbelief.ps.colocated import COUNTERS_FILE, ShardLock, create_storage
+
+            self._writer.wait()  # a snapshot in flight reads our buffers, not the state: safe, but keep it simple
+            base = f"{base}-s{self.shard_id}-{time.monotonic_ns():x}"
+            arrays = {PARAMS: self._params_np, COUNTERS_FILE: self._ctr}
+            arrays.update({f"opt.{k}": v.numpy() for k, v in self.opt_state.items() if not k.startswith("tmp")})
+            files, maps = create_storage(base, arrays)
+            self._bind(maps)
+            lock_path = files[COUNTERS_FILE][0]
+            self.lock = ShardLock(lock_path, timeout_s)
+            d = self.durability
+            self._shared = {
+                "shard_id": self.shard_id, "lo": self.lo, "hi": self.hi, "total": self.total,
+                "optimizer": self.optimizer, "files": files, "lock": lock_path,
+                "every_updates": d.every_updates if d else 0, "every_seconds": d.every_seconds if d else 0.0,
+            }
+        return self._shared
+
+    def claim_snapshot(self, every_updates: int, every_seconds: float) -> bool:
+        """(Under the lock, by a co-located replica) True, once, when a snapshot is due: the caller then asks the
+        shard's process to write it (request_snapshot)."""
+        if self._snapshot_claimed or not self._snapshot_due(every_updates, every_seconds):
+            return False
+        self._snapshot_claimed = 1
+        return True
+
+    def request_snapshot(self) -> bool:
+        """A co-located replica found a snapshot due: take it in the background now (or, if one is still being
+        written, let the next due push ask again). True if one was started."""
+        if self.durability is None:
+            return False
+        if self._writer.busy():
+            with self.lock:
+                self._snapshot_claimed = 0
+            return False
+        self._snapshot_in_background()
+        return True
+
+    def read_into(self, out: np.ndarray) -> int:
+        """Copy the parameter slice into ``out[lo:hi]`` (a flat, full-length buffer); returns its version."""
+        with self.lock:
+            out[self.lo : self.hi] = self._params_np
+            self.bytes_fetched += self._params_np.nbytes
+            return self.version
 
     def kill(self) -> None:
         """The in-process runtime's simulated process death: a snapshot being written lands (or not) before a
@@ -344,6 +451,10 @@ class ParameterShard:
     # ------------------------------------------------------------------ Downpour
     def fetch(self, replica_id: int = -1) -> tuple[np.ndarray, int]:
         """The live parameter slice and its version. Callers in the same process must copy it."""
+        if self._shared:  # co-located replicas write it meanwhile: a copy taken under the lock
+            with self.lock:
+                self.bytes_fetched += self._params_np.nbytes
+                return self._params_np.copy(), self.version
         self.bytes_fetched += self._params_np.nbytes
         return self._params_np, self.version
 
@@ -354,8 +465,10 @@ class ParameterShard:
         a, b = max(self.lo, lo), min(self.hi, hi)
         if b <= a:
             return a, self._params_np[:0], self.version
-        self.bytes_fetched += (b - a) * self._params_np.itemsize
-        return a, self._params_np[a - self.lo : b - self.lo], self.version
+        with self.lock:
+            self.bytes_fetched += (b - a) * self._params_np.itemsize
+            values = self._params_np[a - self.lo : b - self.lo]
+            return a, values.copy() if self._shared else values, self.version
 
     def push(self, replica_id: int, grad, offset: int, based_on_version: int, num_examples: int = 0,
              session: int = 0, seq: int = 0) -> int:
@@ -365,6 +478,10 @@ class ParameterShard:
         our current version is the push's staleness. Returns our version after the push. A push with a
         non-finite value or a range outside the model is rejected and counted, never applied.
         """
+        with self.lock:
+            return self._push(grad, offset, based_on_version, num_examples, session, seq)
+
+    def _push(self, grad, offset: int, based_on_version: int, num_examples: int, session: int, seq: int) -> int:
         if session and seq <= self.last_seq.get(session, 0):
             self.duplicate_pushes += 1
             return self.version
@@ -400,6 +517,10 @@ class ParameterShard:
 
     def apply_mean(self, *grads) -> int:
         """Synchronous data parallelism: average full-vector gradients, apply one update. Returns the version."""
+        with self.lock:
+            return self._apply_mean(grads)
+
+    def _apply_mean(self, grads) -> int:
         acc, accepted = None, 0
         for grad in grads:
             g = _as_tensor(grad)[self.lo : self.hi]
@@ -421,8 +542,9 @@ class ParameterShard:
 
     def set_params(self, values) -> int:
         """Overwrite the parameter slice (used by warmstart from a checkpoint)."""
-        self.vectors[PARAMS].copy_(_as_tensor(values).reshape(-1))
-        return self.version
+        with self.lock:
+            self.vectors[PARAMS].copy_(_as_tensor(values).reshape(-1))
+            return self.version
 
     def stats(self) -> dict:
         return {

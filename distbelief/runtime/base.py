@@ -31,6 +31,21 @@ class Future(ABC):
         return self.result(3600.0)
 
 
+class Done(Future):
+    """A call that already finished (a result, or the error it raised)."""
+
+    def __init__(self, value=None, error: BaseException | None = None):
+        self._value, self._error = value, error
+
+    def result(self, timeout_s: float):
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def done(self) -> bool:
+        return True
+
+
 class _Chained(Future):
     """A push followed by a fetch issued right after it (the default ``push_fetch_async``): the result is the
     fetch's, once both are done, within one overall timeout."""
@@ -124,10 +139,18 @@ class ShardClient(ABC):
         self.seq += 1
         return self.seq
 
-    def replace_shard(self, shard_id: int, handle) -> None:
+    def replace_shard(self, shard_id: int, handle) -> int:
+        """Install a restarted shard. Returns the highest version the old one acknowledged to this client (the
+        trainer counts the updates its failure lost from it); ``acked`` starts again for the new one."""
         with self._replaced:
+            old, self.acked[shard_id] = self.acked[shard_id], 0
             self.handles[shard_id] = handle
             self._replaced.notify_all()
+        return old
+
+    # Per shard, a handle applying this client's pushes to the shard's memory directly (ps/colocated.py), or
+    # None: every call goes to the shard's process.
+    colocated: list | None = None
 
     # Replicas wait for a restarted shard; the driver's own client must not, because the driver is the one that
     # restarts shards (it would wait for itself). Its calls fail at once and the trainer restarts, then retries.

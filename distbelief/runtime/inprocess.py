@@ -13,20 +13,7 @@ import time
 from typing import Any, Callable
 
 from distbelief.exceptions import RemoteTimeoutError, RoleFailedError
-from distbelief.runtime.base import Future, Role, Runtime, ShardClient
-
-
-class _Done(Future):
-    def __init__(self, value=None, error: BaseException | None = None):
-        self._value, self._error = value, error
-
-    def result(self, timeout_s: float):
-        if self._error is not None:
-            raise self._error
-        return self._value
-
-    def done(self) -> bool:
-        return True
+from distbelief.runtime.base import Done, Future, Role, Runtime, ShardClient
 
 
 class _ThreadFuture(Future):
@@ -74,7 +61,7 @@ class InProcessShardClient(ShardClient):
             obj, (values, version) = self._call(k, "fetch", self.replica_id)
             parts.append((obj.lo, values.copy()))  # copied under the shard's lock: a consistent snapshot
             versions.append(version)
-        return _Done((parts, versions))
+        return Done((parts, versions))
 
     def push_async(self, grad, versions, num_examples: int) -> Future:
         g = grad.numpy() if hasattr(grad, "numpy") else grad
@@ -85,7 +72,7 @@ class InProcessShardClient(ShardClient):
             acked.append(self._call(k, "push", self.replica_id, g[lo:hi], lo, versions[k] if versions else 0,
                                     num_examples, self.session, seq)[1])
         self._ack(acked)
-        return _Done(acked)
+        return Done(acked)
 
 
 class InProcessRuntime(Runtime):

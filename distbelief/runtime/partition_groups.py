@@ -23,7 +23,8 @@ from distbelief.exceptions import ConfigError, RoleFailedError
 from distbelief.partition.replica import PartitionReplica, merge_partition_stats
 from distbelief.partition.transport import InProcessTransport
 from distbelief.runtime.base import Role, Runtime
-from distbelief.runtime.inprocess import InProcessRuntime, InProcessShardClient, _Done, _Locked
+from distbelief.runtime.base import Done
+from distbelief.runtime.inprocess import InProcessRuntime, InProcessShardClient, _Locked
 
 
 class InProcessRangeClient(InProcessShardClient):
@@ -45,7 +46,7 @@ class InProcessRangeClient(InProcessShardClient):
             _, (start, values, version) = self._call(k, "fetch_range", self.lo, self.hi, self.replica_id)
             parts.append((start, values.copy()))  # copied under the shard's lock
             versions[k] = version
-        return _Done((parts, versions))
+        return Done((parts, versions))
 
     def push_async(self, grad, versions, num_examples: int):
         g = grad.numpy() if hasattr(grad, "numpy") else grad
@@ -58,7 +59,7 @@ class InProcessRangeClient(InProcessShardClient):
             acked[k] = self._call(k, "push", self.replica_id, g[a - self.lo: b - self.lo], a,
                                   versions[k] if versions else 0, num_examples, self.session, seq)[1]
         self._ack(acked)
-        return _Done(acked)
+        return Done(acked)
 
 
 class InProcessPartitionGroup:
@@ -117,9 +118,8 @@ class InProcessPartitionGroup:
         self.transports[partition_id].mailboxes[partition_id].fail(ReplicaKilled(
             f"replica {self.replica_id} partition {partition_id} was killed (fault injection)"))
 
-    def replace_shard(self, shard_id: int, handle) -> None:
-        for part in self.parts:
-            part.replace_shard(shard_id, handle)
+    def replace_shard(self, shard_id: int, handle) -> int:
+        return max([part.replace_shard(shard_id, handle) or 0 for part in self.parts] + [0])
 
     def stats(self) -> dict[str, Any]:
         return merge_partition_stats([part.stats() for part in self.parts])

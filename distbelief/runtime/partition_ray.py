@@ -249,8 +249,8 @@ class PartitionGroupActor:
     def _stats(self) -> dict:
         return merge_partition_stats(self._all("stats", control=True))
 
-    def _replace_shard(self, shard_id: int, handle) -> None:
-        self._all("replace_shard", shard_id, handle, control=True)
+    def _replace_shard(self, shard_id: int, handle) -> int:
+        return max([v or 0 for v in self._all("replace_shard", shard_id, handle, control=True)] + [0])
 
     def _params(self) -> list:
         return self._all("params")

@@ -13,6 +13,7 @@ import math
 import os
 import socket
 import sys
+import threading
 import time
 from typing import Any, Callable
 
@@ -23,7 +24,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from distbelief.exceptions import ClusterUnreachableError, ConfigError, RemoteTimeoutError, RoleFailedError
 from distbelief.runtime import shm
-from distbelief.runtime.base import Future, Role, Runtime, ShardClient, SplitFuture, at_offset
+from distbelief.ps.colocated import ColocatedShard
+from distbelief.runtime.base import Done, Future, Role, Runtime, ShardClient, SplitFuture, at_offset
 
 
 def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
@@ -164,8 +166,8 @@ class RoleActor:
         return ray.get_runtime_context().get_node_id()
 
 
-def _build_replica(shard_handles, layout, replica_id, timeout_s, factory, shm_prefix=None):
-    return factory(RayShardClient(shard_handles, layout, replica_id, timeout_s, shm_prefix))
+def _build_replica(shard_handles, layout, replica_id, timeout_s, factory, shm_prefix=None, colocate=True):
+    return factory(RayShardClient(shard_handles, layout, replica_id, timeout_s, shm_prefix, colocate))
 
 
 class _RayFuture(Future):
@@ -270,7 +272,7 @@ class _ShardCalls(Future):
 
 class RayShardClient(ShardClient):
     def __init__(self, shard_handles, layout, replica_id: int, timeout_s: float = 120.0,
-                 shm_prefix: str | None = None):
+                 shm_prefix: str | None = None, colocate: bool = True):
         super().__init__(shard_handles, layout)
         self.replica_id, self.timeout_s = replica_id, timeout_s
         # On one node the object store is shared memory, so a single put serves every shard; across nodes each
@@ -283,9 +285,65 @@ class RayShardClient(ShardClient):
             self.shm_paths = {"fetch": f"{base}-fetch", "push0": f"{base}-push0", "push1": f"{base}-push1"}
             self._shm_bufs = {k: shm.create(p, layout.total) for k, p in self.shm_paths.items()}
             self._next_push_buf = 0
+        # Co-located updates (ps/colocated.py): on one machine, apply our pushes to the shards' memory ourselves.
+        self.shm_base = f"{shm.SHM_DIR}/{shm_prefix}" if shm_prefix else None  # where shared shards put state
+        self.colocated: list | None = None
+        self._swap = threading.Lock()  # a shard's replacement vs the loop's update of it
+        self._broken: Exception | None = None
+        if self.shm_paths and colocate and replica_id >= 0:
+            descriptors = _RayFuture([h.call.remote("share", self.shm_base, timeout_s) for h in self.handles],
+                                     "parameter shards", many=True).result(timeout_s)
+            if all(d is not None for d in descriptors):
+                self.colocated = [ColocatedShard(d, timeout_s) for d in descriptors]
+
+    # -- co-located updates: every shard's update and read happen here, under its lock (ps/colocated.py)
+    def _colocated_step(self, grad, versions, num_examples: int, out) -> Future:
+        if self._broken is not None:
+            raise self._broken
+        g = None if grad is None else (grad.numpy() if hasattr(grad, "numpy") else grad)
+        pushed, fetched = [], []
+        for k in range(len(self.handles)):
+            with self._swap:
+                col = self.colocated[k]
+                p, f, due = col.push_fetch(g, versions[k] if versions else 0, num_examples, out)
+            pushed.append(p)
+            fetched.append(f)
+            if due:  # the shard's process writes it in the background; nothing to wait for
+                self.handles[k].call.remote("request_snapshot")
+        if g is not None:
+            self._ack(pushed)
+        return pushed, fetched
+
+    def replace_shard(self, shard_id: int, handle):
+        """Install a restarted shard; returns the highest version this client had from the old one (final: with
+        co-located updates it is read as the switch happens, so no later update to the old memory is missed)."""
+        if self.colocated is None:
+            return super().replace_shard(shard_id, handle)
+        try:
+            descriptor = _RayFuture(handle.call.remote("share", self.shm_base, self.timeout_s),
+                                    f"parameter shard {shard_id}").result(self.timeout_s)
+            new = ColocatedShard(descriptor, self.timeout_s) if descriptor else None
+        except (RoleFailedError, RemoteTimeoutError) as e:
+            new, err = None, e
+        else:
+            err = RoleFailedError(f"restarted parameter shard {shard_id} cannot be shared")
+        with self._swap:
+            old = self.colocated[shard_id].acked
+            if new is None:
+                self._broken = RoleFailedError(f"could not take restarted parameter shard {shard_id}: {err}")
+            else:
+                self.colocated[shard_id].close()
+                self.colocated[shard_id] = new
+            super().replace_shard(shard_id, handle)
+        return old
 
     def fetch_async(self) -> Future:
         los = [self.layout.range(k)[0] for k in range(len(self.handles))]
+        if self.colocated is not None:
+            buf = self._shm_bufs["fetch"]
+            _, versions = self._colocated_step(None, None, 0, buf)
+            return Done(([(lo, buf[lo:hi]) for lo, hi in map(self.layout.range, range(len(self.handles)))],
+                         versions))
         if self.shm_paths:
             buf, n = self._shm_bufs["fetch"], len(self.handles)
             bounds = [self.layout.range(k) for k in range(n)]
@@ -307,6 +365,11 @@ class RayShardClient(ShardClient):
         return self._shm_bufs["fetch"], self._shm_bufs["push0"]
 
     def push_fetch_async(self, grad, versions, num_examples: int) -> Future:
+        if self.colocated is not None:
+            buf = self._shm_bufs["fetch"]
+            _, fetched = self._colocated_step(grad, versions, num_examples, buf)
+            return Done(([(lo, buf[lo:hi]) for lo, hi in map(self.layout.range, range(len(self.handles)))],
+                         fetched))
         if not self.shm_paths:
             return super().push_fetch_async(grad, versions, num_examples)
         g = grad.numpy() if hasattr(grad, "numpy") else grad
@@ -333,6 +396,8 @@ class RayShardClient(ShardClient):
                 for k in range(len(self.handles))]
 
     def push_async(self, grad, versions, num_examples: int) -> Future:
+        if self.colocated is not None:
+            return Done(self._colocated_step(grad, versions, num_examples, None)[0])
         g = grad.numpy() if hasattr(grad, "numpy") else grad
         n = len(self.handles)
         vs = [versions[k] if versions else 0 for k in range(n)]
@@ -371,7 +436,7 @@ class RayRuntime(Runtime):
 
     def __init__(self, address: str | None = None, num_cpus: int | None = None, replica_cpus: float = 1.0,
                  shard_cpus: float = 0.0, startup_timeout_s: float = 180.0, remote_timeout_s: float = 120.0,
-                 use_shm: bool = True):
+                 use_shm: bool = True, colocate: bool = True):
         connect(address, num_cpus)
         self.replica_cpus, self.shard_cpus = replica_cpus, shard_cpus
         self.partition_cpus = 1.0  # each partition actor of a partitioned replica (partition_ray)
@@ -381,6 +446,10 @@ class RayRuntime(Runtime):
         self._groups: list[Role] = []  # partitioned replicas (partition_ray.RayPartitionGroupRole)
         # Replicas on the driver's machine exchange bulk bytes with shards through /dev/shm (runtime/shm.py).
         self.shm_prefix = shm.new_prefix() if use_shm and shm.available() else None
+        # ... and apply their pushes to the shards' memory themselves (ps/colocated.py), unless told not to.
+        self.colocate = colocate
+        if self.shm_prefix:
+            shm.remove_stale()  # buffers of runs whose driver was killed before it could remove them
 
     def check_capacity(self, num_replicas: int, partitions: int = 1, log: Callable[[str], None] | None = None
                        ) -> str | None:
@@ -451,8 +520,8 @@ class RayRuntime(Runtime):
     def create_replica(self, replica_id, factory, shards, layout, threads) -> Role:
         handles = [s.handle for s in shards]
         actor = RoleActor.options(num_cpus=self.replica_cpus, max_concurrency=4, max_restarts=0).remote(
-            threads, _build_replica, handles, layout, replica_id, self.remote_timeout_s, factory, self.shm_prefix
-        )
+            threads, _build_replica, handles, layout, replica_id, self.remote_timeout_s, factory, self.shm_prefix,
+            self.colocate)
         self._actors.append(actor)
         return Role("replica", replica_id, actor)
 

@@ -16,7 +16,9 @@ computes only between two fused calls, and a shard writes or reads them only dur
 restarted shard reads the same, unchanged buffer.
 
 Buffers are files named ``<prefix>-...`` in ``/dev/shm``; the runtime that owns the prefix removes them all at
-shutdown, whichever processes died on the way.
+shutdown, whichever processes died on the way, and the next runtime started on the machine removes those of a
+runtime whose process was killed before it could (the prefix names its pid). Shards shared with co-located
+replicas (ps/colocated.py) keep their state in files under the same prefix.
 """
 
 from __future__ import annotations
@@ -54,6 +56,32 @@ def create(path: str, size: int) -> np.ndarray:
     buf = np.memmap(path, dtype=np.float32, mode="w+", shape=(size,))
     buf[:] = 0  # touch every page here, not on the hot path
     return buf
+
+
+def remove_stale() -> list[str]:
+    """Remove the buffers of runtimes whose process is gone (a driver killed with SIGKILL cannot remove its own);
+    returns the paths removed. The pid in a prefix names the runtime's process (new_prefix)."""
+    removed = []
+    for p in glob.glob(os.path.join(SHM_DIR, "distbelief-*-*")):
+        pid = os.path.basename(p).split("-")[1]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        try:
+            os.unlink(p)
+            removed.append(p)
+        except OSError:
+            pass
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def remove_all(prefix: str) -> None:

@@ -67,26 +67,52 @@ def _shm_files(prefix):
 
 
 def test_ray_shared_memory_plane_equals_the_object_store_path_bit_for_bit(toy_data):
-    """Same replica, same data order: pushes and fetches through /dev/shm give exactly the object-store result,
-    and the runtime removes its buffers at shutdown."""
+    """Same replica, same data order: pushes the replica applies to the shards' shared memory itself (co-located
+    updates, the default on one machine), pushes and fetches through /dev/shm buffers, and through the object
+    store all give exactly the same parameters; the runtime removes its files at shutdown."""
     from distbelief.runtime.ray_runtime import RayRuntime
 
     kw = dict(quiet=True, replicas=1, shards=3, max_steps=20, max_seconds=0, eval_every_seconds=3600,
               batch_size=8, server_optimizer="adagrad", lr=0.05, overlap=True, push_every=2)
     results, prefixes = [], []
-    for use_shm in (True, False):
-        rt = RayRuntime(use_shm=use_shm)
+    for use_shm, colocate in ((True, True), (True, False), (False, False)):
+        rt = RayRuntime(use_shm=use_shm, colocate=colocate)
         prefixes.append(rt.shm_prefix)
         try:
             results.append(train(make_odd_model, toy_data[0], toy_data[1], runtime=rt, **kw))
-            if use_shm:  # the replica really used the plane: its buffers exist while the runtime lives
-                assert len(_shm_files(rt.shm_prefix)) == 3
+            if use_shm:  # the replica really used the plane: its 3 buffers (+ 3 files per shared shard) exist
+                assert len(_shm_files(rt.shm_prefix)) == 3 + 3 * 3 * colocate
         finally:
             rt.shutdown()
-    assert prefixes[0] and prefixes[1] is None
-    assert not _shm_files(prefixes[0])
+    assert prefixes[0] and prefixes[1] and prefixes[2] is None
+    assert not _shm_files(prefixes[0]) and not _shm_files(prefixes[1])
+    assert [r.summary["replicas_colocated"] for r in results] == [1, 0, 0]
     assert torch.equal(results[0].flat_params, results[1].flat_params)
-    assert results[0].summary["updates_per_shard"] == results[1].summary["updates_per_shard"] == [10] * 3
+    assert torch.equal(results[0].flat_params, results[2].flat_params)
+    for r in results:
+        assert r.summary["updates_per_shard"] == [10] * 3
+
+
+def test_a_new_runtime_removes_the_buffers_of_a_killed_driver():
+    """A driver killed with SIGKILL cannot remove its /dev/shm files; the next runtime on the machine does (the
+    prefix names the dead pid). Files of live processes are left alone."""
+    import subprocess
+    import sys
+
+    from distbelief.runtime import shm
+    from distbelief.runtime.ray_runtime import RayRuntime
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_prefix = f"distbelief-{int(dead.stdout)}-0badc0de"
+    live_prefix = shm.new_prefix()  # this process's pid: alive
+    for prefix in (dead_prefix, live_prefix):
+        shm.create(f"/dev/shm/{prefix}-r0-1-fetch", 4)
+    rt = RayRuntime()
+    try:
+        assert not _shm_files(dead_prefix) and len(_shm_files(live_prefix)) == 1
+    finally:
+        rt.shutdown()
+        shm.remove_all(live_prefix)
 
 
 def test_fused_push_fetch_loop_equals_separate_calls_bit_for_bit(toy_data):
@@ -97,14 +123,21 @@ def test_fused_push_fetch_loop_equals_separate_calls_bit_for_bit(toy_data):
 
     kw = dict(quiet=True, replicas=1, shards=3, max_steps=20, max_seconds=0, eval_every_seconds=3600,
               batch_size=8, server_optimizer="adagrad", lr=0.05, overlap=False, push_every=1, fetch_every=1)
-    rt = RayRuntime(use_shm=True)
+    rt = RayRuntime(use_shm=True, colocate=False)  # the fused call to the shard's process
     try:
         fused = train(make_odd_model, toy_data[0], toy_data[1], runtime=rt, **kw)
         assert rt.shm_prefix and len(_shm_files(rt.shm_prefix)) == 3  # the shared-memory plane carried it
     finally:
         rt.shutdown()
+    rt = RayRuntime(use_shm=True)  # the default on one machine: the replica applies the update itself
+    try:
+        colocated = train(make_odd_model, toy_data[0], toy_data[1], runtime=rt, **kw)
+    finally:
+        rt.shutdown()
     separate = train(make_odd_model, toy_data[0], toy_data[1], runtime="inprocess", **kw)
     assert torch.equal(fused.flat_params, separate.flat_params)
+    assert torch.equal(colocated.flat_params, separate.flat_params)
+    assert colocated.summary["replicas_colocated"] == 1 and colocated.summary["push_fetch_calls"] == 19
     assert fused.summary["updates_per_shard"] == separate.summary["updates_per_shard"] == [20] * 3
     # every push but the last went with the next fetch; only the shared-memory replica computed in place
     assert fused.summary["push_fetch_calls"] == separate.summary["push_fetch_calls"] == 19

@@ -84,3 +84,20 @@ def test_bad_durability_names_the_flag():
         RunConfig(durability="wal").validate()
     with pytest.raises(ConfigError, match="log_max_mb"):
         RunConfig(log_max_mb=0).validate()
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.usefixtures("ray_local")
+def test_snapshot_mode_counts_exactly_with_colocated_updates_on_ray(tmp_path):
+    """On Ray on one machine the replica applies its pushes to the shards' shared memory itself and is not blocked
+    by the death of shard 1's process: it goes on updating the memory that process left until the restarted
+    shard is installed. Those updates are lost with it, and still counted exactly: shard 0 applied every push,
+    shard 1 lacks exactly ``updates_lost`` of them."""
+    s = kill_run(tmp_path, "snapshot", runtime="ray", checkpoint_every_updates=25, max_steps=1500)
+    up = s["updates_per_shard"]
+    assert s["replicas_colocated"] == 1
+    assert s["shard_restarts"] == 1 and s["steps_per_replica"] == [1500] and up[0] == 1500
+    assert s["updates_lost"] == up[0] - up[1] >= 0
+    restored = next(e for e in s["events"] if e["event"] == "shard restored")
+    assert restored["updates_lost"] == s["updates_lost"]

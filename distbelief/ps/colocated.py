@@ -1,0 +1,150 @@
+"""Co-located updates: a replica on its shard's machine applies its push to the shard's memory itself.
+
+Why: on one machine a push is a round trip to another process — a call, a wake-up of the shard's process, its
+update, a reply, a wake-up of the replica — and on a laptop's two cores that other process takes CPU from the
+replicas while they wait for it. Hogwild pays none of this: each worker updates the shared parameters in place.
+Here a shard that is asked to (``ParameterShard.share``) moves its parameters, its optimizer state and its
+counters into files in ``/dev/shm``, and a replica on the same machine maps them (``ColocatedShard``) and applies
+each push with the shard's own update rule, then copies the resulting parameters back, both under the shard's
+lock. The update is exactly the one the shard would have applied (same rule, same state, same staleness count),
+serialised with every other replica's by that lock, so Downpour's semantics do not change; only who executes it.
+
+What stays with the shard's process: it owns the memory (a restarted shard starts from its snapshot in new
+memory), writes the background snapshots (a replica that finds one due sends the shard one small call), answers
+the driver's fetches and statistics, and applies anything that still arrives as a call (synchronous data
+parallelism). Not shared: shards with a write-ahead log (``--durability log`` logs each push on the shard's
+process) and vector-only shards (Sandblaster).
+
+The lock is an ``flock`` on the shard's counter file: the kernel releases it when its holder's process dies, so a
+killed replica never leaves a shard locked (its half-applied update stays, as a Hogwild write would). Waits for it
+are bounded like every remote wait.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+import time
+
+import numpy as np
+
+from distbelief.exceptions import RemoteTimeoutError
+
+COUNTERS_FILE = "counters"
+PARAMS_FILE = "params"
+
+
+class ShardLock:
+    """An inter-process lock on one shard's shared state (``flock``), re-entrant within one thread of a process.
+
+    Every process opens the lock file itself (a lock belongs to an open file, so two processes exclude each
+    other; a second acquire through the same open file would not)."""
+
+    def __init__(self, path: str, timeout_s: float = 120.0):
+        self.path, self.timeout_s = path, timeout_s
+        self._fd = os.open(path, os.O_RDWR)
+        self._depth = 0
+        self._owner: int | None = None
+
+    def acquire(self, timeout_s: float | None = None) -> None:
+        me = threading.get_ident()
+        if self._depth and self._owner == me:
+            self._depth += 1
+            return
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._wait(self.timeout_s if timeout_s is None else timeout_s)
+        self._owner, self._depth = me, 1
+
+    def _wait(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        pause = 20e-6
+        while True:
+            time.sleep(pause)
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise RemoteTimeoutError(
+                        f"a parameter shard's lock ({self.path}) was held for more than {timeout_s:.0f}s "
+                        f"(raise remote_timeout_s if updates are that slow)") from None
+                pause = min(pause * 2, 1e-3)
+
+    def release(self) -> None:
+        self._depth -= 1
+        if self._depth == 0:
+            self._owner = None
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def __enter__(self):
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def create_storage(base: str, arrays: dict[str, np.ndarray]) -> tuple[dict, dict[str, np.ndarray]]:
+    """Copy ``arrays`` (name -> 1-D array) into new shared files ``<base>-<name>``. Returns ``(files, maps)``:
+    ``files`` maps each name to ``(path, dtype, size)`` (what another process needs to map it), ``maps`` the
+    writable mappings, filled."""
+    files, maps = {}, {}
+    for name, a in arrays.items():
+        path = f"{base}-{name.replace('.', '_')}"
+        m = np.memmap(path, dtype=a.dtype, mode="w+", shape=a.shape)
+        m[:] = a
+        files[name] = (path, a.dtype.str, int(a.size))
+        maps[name] = m
+    return files, maps
+
+
+def open_storage(files: dict) -> dict[str, np.ndarray]:
+    """Map the shared files described by ``create_storage``'s ``files`` (read-write)."""
+    return {name: np.memmap(path, dtype=np.dtype(dtype), mode="r+", shape=(size,))
+            for name, (path, dtype, size) in files.items()}
+
+
+class ColocatedShard:
+    """A replica's handle on one shared shard: apply a push and read the parameters back, under the shard's lock.
+
+    Built from the descriptor ``ParameterShard.share`` returned. ``acked`` is the highest version this handle
+    produced (the client reports it when the shard is replaced, to count the updates a failure lost)."""
+
+    def __init__(self, descriptor: dict, timeout_s: float = 120.0):
+        from distbelief.ps.shard import ParameterShard
+
+        self.descriptor = descriptor
+        self.lock = ShardLock(descriptor["lock"], timeout_s)
+        d = descriptor
+        # The same object the shard's process runs, over the same memory: the push path is shared code.
+        self.view = ParameterShard(d["shard_id"], d["lo"], d["hi"], None, d["optimizer"], d["total"],
+                                   storage=open_storage(d["files"]), lock=self.lock)
+        self.lo, self.hi = d["lo"], d["hi"]
+        self.every_updates, self.every_seconds = d["every_updates"], d["every_seconds"]
+        self.acked = 0
+
+    def push_fetch(self, grad: np.ndarray | None, based_on: int, num_examples: int,
+                   out: np.ndarray | None) -> tuple[int, int, bool]:
+        """Apply the push (``grad`` covers the whole flat vector; None = no push), then copy the parameters into
+        ``out[lo:hi]`` (None = no fetch), atomically. Returns ``(version after the push, version copied,
+        snapshot requested)``: the last is True once when a snapshot fell due, and the caller then asks the
+        shard's process to write one (``ParameterShard.request_snapshot``)."""
+        view = self.view
+        with self.lock:
+            pushed = view.push(-1, grad, 0, based_on, num_examples) if grad is not None else view.version
+            fetched = view.read_into(out) if out is not None else pushed
+            due = view.claim_snapshot(self.every_updates, self.every_seconds)
+        if grad is not None and pushed > self.acked:
+            self.acked = pushed
+        return pushed, fetched, due
+
+    def close(self) -> None:
+        self.lock.close()
