@@ -30,27 +30,28 @@ import torch
 
 from distbelief import RunConfig
 from distbelief.api import train_task
+from distbelief.testing import Faults
 
 HERE = Path(__file__).resolve().parent
 
 
-def conditions(replicas: int, slowdown: float) -> list[tuple[str, dict]]:
+def conditions(replicas: int, slowdown: float) -> list[tuple[str, dict, dict]]:
     straggler = dict(straggler_id=replicas - 1, straggler_slowdown=slowdown)
-    return [
-        ("no straggler, backup tasks on", dict(backup_tasks=True)),
-        ("no straggler, backup tasks off", dict(backup_tasks=False)),
-        (f"straggler {slowdown:g}x, backup tasks off", dict(backup_tasks=False, **straggler)),
-        (f"straggler {slowdown:g}x, backup tasks on", dict(backup_tasks=True, **straggler)),
+    return [  # (name, config overrides, straggler emulation)
+        ("no straggler, backup tasks on", dict(backup_tasks=True), {}),
+        ("no straggler, backup tasks off", dict(backup_tasks=False), {}),
+        (f"straggler {slowdown:g}x, backup tasks off", dict(backup_tasks=False), straggler),
+        (f"straggler {slowdown:g}x, backup tasks on", dict(backup_tasks=True), straggler),
     ]
 
 
-def run_once(args, overrides: dict) -> dict:
+def run_once(args, overrides: dict, straggler: dict) -> dict:
     cfg = RunConfig(runtime="ray", strategy="sandblaster", task="mnist1d", model="mlp-small",
                     num_samples=args.num_samples, replicas=args.replicas, shards=args.shards,
                     batch_size=args.num_samples, portion_size=args.portion_size,
                     push_every_portions=args.push_every_portions, history=10, max_steps=args.iterations,
-                    max_seconds=0, eval_every_seconds=3600, portion_delay_s=args.portion_delay_s, **overrides)
-    s = train_task(cfg, quiet=True).summary
+                    max_seconds=0, eval_every_seconds=3600, **overrides)
+    s = train_task(cfg, quiet=True, faults=Faults(portion_delay_s=args.portion_delay_s, **straggler)).summary
     return {k: s[k] for k in ("wall_s", "iterations", "gradient_evals", "line_search_evals", "portions_done",
                               "portions_duplicated", "backup_tasks_issued", "steps_per_replica",
                               "final_train_loss")}
@@ -75,13 +76,13 @@ def main(argv: list[str] | None = None) -> int:
              logging_level="ERROR")
     load_before = os.getloadavg()[0]
     conds = conditions(args.replicas, args.slowdown)
-    runs: dict[str, list[dict]] = {name: [] for name, _ in conds}
+    runs: dict[str, list[dict]] = {name: [] for name, _, _ in conds}
     train_task(RunConfig(runtime="ray", strategy="sandblaster", model="mlp-small", num_samples=args.num_samples,
                          replicas=1, shards=1, batch_size=args.num_samples, max_steps=1, max_seconds=0,
                          eval_every_seconds=3600), quiet=True)  # warm-up: data cache, imports
     for r in range(args.repeats):
-        for name, overrides in conds:
-            res = run_once(args, overrides)
+        for name, overrides, straggler in conds:
+            res = run_once(args, overrides, straggler)
             res["iteration_s"] = res["wall_s"] / res["iterations"]
             res["evaluation_s"] = res["wall_s"] / res["gradient_evals"]
             runs[name].append(res)
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     mean = {name: statistics.mean(x["iteration_s"] for x in rs) for name, rs in runs.items()}
     mean_eval = {name: statistics.mean(x["evaluation_s"] for x in rs) for name, rs in runs.items()}
     table = []
-    for name, _ in conds:
+    for name, _, _ in conds:
         table.append({"condition": name, "iteration_s": mean[name], "evaluation_s": mean_eval[name],
                       "vs_no_straggler": mean[name] / mean[base_name],
                       "portions_duplicated": statistics.mean(x["portions_duplicated"] for x in runs[name]),

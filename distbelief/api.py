@@ -50,7 +50,7 @@ def check_model_and_data(model_fn, train_ds, loss_fn) -> None:
     """Run one tiny forward+backward in this process so shape errors surface before any worker starts."""
     from torch.utils.data import default_collate
 
-    from distbelief.downpour.trainer import materialize
+    from distbelief.job import materialize
 
     ds = materialize(train_ds)
     if len(ds) == 0:
@@ -95,6 +95,7 @@ def train(
     quiet: bool = False,
     resume: bool = False,
     callbacks: list | None = None,
+    faults=None,
     **settings: Any,
 ) -> TrainResult:
     """Train ``model_fn()`` on ``train_data`` with the strategy in ``config`` (Downpour by default;
@@ -115,6 +116,7 @@ def train(
             ``worker_pids``).
         resume: continue the run in ``config.out`` from its shards' checkpoints (possibly with a different
             number of shards); its metrics and counters continue.
+        faults: failures and slowdowns to inject (``distbelief.testing.Faults``; tests and benchmarks).
 
     Returns:
         TrainResult with the summary, metrics, final flat parameters and a model holding them.
@@ -126,6 +128,9 @@ def train(
     if isinstance(runtime, str):  # runtime="inprocess" is a setting, not an instance
         settings["runtime"], runtime = runtime, None
     cfg = config_from(settings, config).validate()
+    from distbelief.testing.faults import Faults
+
+    faults = (faults or Faults()).validate(cfg.replicas, cfg.shards, cfg.partitions)
     custom_loss = loss_fn
     loss_fn = loss_fn or F.cross_entropy
     check_model_and_data(model_fn, train_data, loss_fn)
@@ -137,7 +142,7 @@ def train(
     if cfg.strategy not in ("sgd", *LOCAL_STRATEGIES) and cfg.shards > n_params:
         raise ConfigError("shards", f"{cfg.shards} shards for a model with only {n_params} parameters")
 
-    from distbelief.downpour.trainer import Job, materialize
+    from distbelief.job import Job, materialize
 
     if resume and cfg.strategy == "sgd":
         raise ConfigError("resume", "single-process sgd runs keep no checkpoints; resume a downpour, sync or "
@@ -154,7 +159,7 @@ def train(
         ds = materialize(train_data)
         pick = torch.randperm(len(ds), generator=torch.Generator().manual_seed(cfg.seed + 17))
         train_probe = compact_subset(ds, pick[: cfg.train_eval_samples].tolist())
-    job = Job(cfg, model_fn, train_data, test_data, loss_fn, _resolve_threads(cfg), train_probe)
+    job = Job(cfg, model_fn, train_data, test_data, loss_fn, _resolve_threads(cfg), train_probe, faults)
     # A mean cross-entropy above the ceiling is divergence; a custom loss's scale is unknown: relative rule only.
     ceiling = DIVERGENCE_CEILING if custom_loss is None else math.inf
     recorder = RunRecorder(cfg.out or None, cfg.to_dict(), quiet=quiet, write_config=not resume,
@@ -188,8 +193,7 @@ def _run_strategy(job, recorder, runtime, resume: bool, callbacks) -> tuple[dict
         own_runtime = runtime is None
         runtime = make_runtime(cfg) if own_runtime else runtime
         try:
-            if hasattr(runtime, "check_capacity"):
-                runtime.check_capacity(1, partitions=cfg.partitions, log=recorder.log)
+            runtime.check_capacity(1, partitions=cfg.partitions, log=recorder.log)
             summary, flat = run_partitioned_sgd(job, runtime, recorder)
         finally:
             if own_runtime:
@@ -208,9 +212,8 @@ def _run_strategy(job, recorder, runtime, resume: bool, callbacks) -> tuple[dict
         if own_runtime:
             runtime = make_runtime(cfg)
         try:
-            if hasattr(runtime, "check_capacity"):
-                # a cluster joined with --address refuses a job too big for it; the local Ray runs it oversubscribed
-                runtime.check_capacity(cfg.replicas, partitions=cfg.partitions, log=recorder.log)
+            # a cluster joined with --address refuses a job too big for it; the local Ray runs it oversubscribed
+            runtime.check_capacity(cfg.replicas, partitions=cfg.partitions, log=recorder.log)
             torch.set_num_threads(1)  # the driver only evaluates; leave the cores to the workers
             if cfg.strategy == "sandblaster":
                 from distbelief.sandblaster.trainer import SandblasterTrainer
@@ -252,9 +255,9 @@ def task_job(cfg: RunConfig):
 
 
 def train_task(cfg: RunConfig, quiet: bool = False, runtime=None, resume: bool = False,
-               callbacks: list | None = None) -> TrainResult:
-    """Train a shipped task/model pair described entirely by ``cfg``."""
+               callbacks: list | None = None, faults=None) -> TrainResult:
+    """Train a shipped task/model pair described entirely by ``cfg`` (``faults``: see ``train``)."""
     cfg = dataclasses.replace(cfg).validate()
     model_fn, train_fn, test = task_job(cfg)
     return train(model_fn, train_fn, test, cfg, quiet=quiet, runtime=runtime, resume=resume,
-                 callbacks=callbacks)
+                 callbacks=callbacks, faults=faults)

@@ -22,7 +22,7 @@ def make_torch_optimizer(cfg, params):
 
 def run_single_process(job, recorder: RunRecorder) -> tuple[dict, torch.Tensor]:
     """Train with ``torch.optim`` (SGD or Adagrad, as ``server_optimizer``) on all the training data."""
-    from distbelief.downpour.trainer import materialize
+    from distbelief.job import materialize
 
     cfg = job.cfg
     torch.set_num_threads(job.threads)

@@ -201,7 +201,7 @@ class WorkerSpec:
 
 def worker_batches(spec: WorkerSpec, rank: int) -> BatchSource:
     """Worker ``rank``'s minibatches over its own subset of the training data."""
-    from distbelief.downpour.trainer import materialize
+    from distbelief.job import materialize
 
     cfg = spec.cfg
     ds = materialize(spec.train_data)
@@ -578,21 +578,21 @@ class MultiprocessRun:
                                   f"{': ' + why if why else ''}; terminated")
 
     def _kill_pending(self) -> bool:
-        return bool(self.cfg.kill_replica_at_step) and not self._killed_once
+        return bool(self.job.faults.kill_replica_at_step) and not self._killed_once
 
     def _maybe_inject_fault(self) -> None:
         """Kill worker kill_replica_id once the run's steps (every worker's, as the driver sees them) reach
         kill_replica_at_step: a step count, unlike a time, puts the kill at the same point of every run."""
-        cfg = self.cfg
+        faults = self.job.faults
         steps = self.progress.total_steps()
-        if not self._kill_pending() or steps < cfg.kill_replica_at_step:
+        if not self._kill_pending() or steps < faults.kill_replica_at_step:
             return
         self._killed_once = True
-        pid = self.worker_pids.get(cfg.kill_replica_id)
+        pid = self.worker_pids.get(faults.kill_replica_id)
         if pid is not None:
-            self.rec.log(f"fault injection: killing {self.strategy} worker {cfg.kill_replica_id} at step "
+            self.rec.log(f"fault injection: killing {self.strategy} worker {faults.kill_replica_id} at step "
                          f"{steps}")
-            self.events.append({"event": "replica killed", "id": cfg.kill_replica_id, "step": steps,
+            self.events.append({"event": "replica killed", "id": faults.kill_replica_id, "step": steps,
                                 "wall_s": self.clock.elapsed()})
             os.kill(pid, signal.SIGKILL)
 

@@ -8,7 +8,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-from distbelief.config import FIELD_HELP, LOCAL_STRATEGIES, RunConfig, config_from, load_toml
+from distbelief.config import FIELD_HELP, LOCAL_STRATEGIES, RunConfig, config_from, load_toml, saved_run_values
 from distbelief.exceptions import ClusterUnreachableError, ConfigError, DistBeliefError
 
 CHOICES = {
@@ -91,7 +91,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         run_cfg = Path(args.resume) / "config.toml"
         if not run_cfg.is_file():
             raise ConfigError("resume", f"{args.resume} is not a run directory (no config.toml)")
-        values = load_toml(run_cfg)
+        values = saved_run_values(load_toml(run_cfg))
         values["out"] = str(args.resume)
     else:
         values = load_toml(args.config) if args.config else {}

@@ -70,22 +70,11 @@ class RunConfig:
     checkpoint_every_updates: int = 0
     log_max_mb: float = 1024.0
     max_shard_restarts: int = 5
-    # fault injection (testing and demos): kill a replica / a shard once the run has done this many steps
-    kill_replica_at_step: int = 0
-    kill_replica_id: int = 0
-    kill_partition_id: int = -1
-    kill_shard_at_step: int = 0
-    kill_shard_id: int = 0
     # Sandblaster L-BFGS (strategy = "sandblaster"; batch_size is then the examples per L-BFGS iteration)
     portion_size: int = 0
     history: int = 10
     push_every_portions: int = 4
     backup_tasks: bool = True
-    # straggler emulation (benchmarks and tests): every portion takes at least portion_delay_s, and replica
-    # straggler_id takes straggler_slowdown times as long
-    portion_delay_s: float = 0.0
-    straggler_id: int = -1
-    straggler_slowdown: float = 1.0
 
     def validate(self) -> "RunConfig":
         from distbelief.data.tasks import TASKS
@@ -125,8 +114,7 @@ class RunConfig:
         for name in ("warmstart_steps", "max_steps", "threads", "max_replica_restarts", "num_classes",
                      "eval_samples", "train_eval_samples"):
             positive(name, 0)
-        for name in ("checkpoint_every_updates", "max_shard_restarts", "kill_shard_id", "kill_replica_at_step",
-                     "kill_shard_at_step"):
+        for name in ("checkpoint_every_updates", "max_shard_restarts"):
             positive(name, 0)
         for name in ("max_seconds", "target_accuracy", "local_lr", "adagrad_initial_accumulator",
                      "checkpoint_every_seconds"):
@@ -155,20 +143,6 @@ class RunConfig:
         if self.strategy == "sgd" and self.replicas != 1:
             # sgd is one process by definition; the replica count is not used.
             self.replicas = 1
-        if self.kill_replica_at_step and not 0 <= self.kill_replica_id < self.replicas:
-            raise ConfigError("kill_replica_id", f"must name a replica in [0, {self.replicas}), got "
-                                                 f"{self.kill_replica_id}")
-        if self.kill_partition_id != -1:
-            if self.partitions == 1 or not 0 <= self.kill_partition_id < self.partitions:
-                raise ConfigError("kill_partition_id", f"must name a partition in [0, {self.partitions}) of a "
-                                                       f"partitioned replica (partitions > 1), or be -1 (the whole "
-                                                       f"replica), got {self.kill_partition_id!r}")
-            if not self.kill_replica_at_step:
-                import warnings
-
-                warnings.warn("kill_partition_id has no effect without kill_replica_at_step", stacklevel=2)
-        if self.kill_shard_at_step and not 0 <= self.kill_shard_id < self.shards:
-            raise ConfigError("kill_shard_id", f"must name a shard in [0, {self.shards}), got {self.kill_shard_id}")
         self._validate_sandblaster()
         if self.address and self.strategy in LOCAL_STRATEGIES:
             raise ConfigError("address", f"the {self.strategy} baseline runs its workers on this machine; drop "
@@ -181,7 +155,7 @@ class RunConfig:
         """Settings whose good value depends on the model and strategy: 0 means "auto" and is replaced here by
         the value of ``distbelief.defaults`` (so config.toml records what the run really used). A value the user
         set is kept. Called again on a validated config, it changes nothing."""
-        from distbelief import defaults
+        import distbelief.defaults as defaults
 
         for name in ("num_classes", "batch_size", "portion_size"):
             v = getattr(self, name)
@@ -206,13 +180,6 @@ class RunConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ConfigError(name, f"must be an integer >= 1, got {v!r}")
-        if not (math.isfinite(self.portion_delay_s) and self.portion_delay_s >= 0):
-            raise ConfigError("portion_delay_s", f"must be >= 0, got {self.portion_delay_s!r}")
-        if not (math.isfinite(self.straggler_slowdown) and self.straggler_slowdown >= 1):
-            raise ConfigError("straggler_slowdown", f"must be >= 1 (a factor), got {self.straggler_slowdown!r}")
-        if not -1 <= self.straggler_id < self.replicas:
-            raise ConfigError("straggler_id", f"must name a replica in [0, {self.replicas}) or be -1 (none), got "
-                                              f"{self.straggler_id}")
         if self.strategy != "sandblaster":
             return
         if self.partitions > 1:
@@ -296,23 +263,12 @@ FIELD_HELP: dict[str, str] = {
     "log_max_mb": "durability log: a shard whose write-ahead log grows past this many MB takes a snapshot, which "
                   "starts a new log (bounds the disk use: at most about 2x this per shard)",
     "max_shard_restarts": "how many times a dead parameter shard is restarted from its checkpoint",
-    "kill_replica_at_step": "fault injection: kill a replica once the run has done this many steps, all replicas "
-                            "together (sandblaster: L-BFGS iterations) (0 = never)",
-    "kill_replica_id": "fault injection: which replica to kill",
-    "kill_partition_id": "fault injection: kill only this partition of replica kill_replica_id (its process on "
-                         "ray); the replica's whole partition group is then restarted (-1 = kill the whole replica)",
-    "kill_shard_at_step": "fault injection: kill a parameter shard once the run has done this many steps, all "
-                          "replicas together (sandblaster: L-BFGS iterations) (0 = never)",
-    "kill_shard_id": "fault injection: which shard to kill",
     "portion_size": "sandblaster: examples per portion, the unit of work handed to a free replica (keep it much "
                     "smaller than batch_size / replicas) (0 = batch_size / 16)",
     "history": "sandblaster: L-BFGS memory m, the number of (s, y) pairs kept on the shards",
     "push_every_portions": "sandblaster: a replica sends its accumulated gradient after this many portions",
     "backup_tasks": "sandblaster: near the end of a batch, also give running portions to idle replicas "
                     "(first result wins)",
-    "portion_delay_s": "straggler emulation: every portion takes at least this long (benchmarks)",
-    "straggler_id": "straggler emulation: the replica that is slowed down (-1 = none)",
-    "straggler_slowdown": "straggler emulation: the straggler takes this many times as long per portion",
 }
 
 
@@ -343,24 +299,30 @@ def _coerce(name: str, typ, raw: Any) -> Any:
         raise ConfigError(name, f"expected {tname}, got {raw!r}") from None
 
 
-LEGACY = {"wal": "durability", "kill_replica_after_s": "kill_replica_at_step",
-          "kill_shard_after_s": "kill_shard_at_step"}
+LEGACY = {"wal": "durability"}
+# Fault injection and straggler emulation were settings once; they are test tooling now (distbelief.testing).
+# A run directory written then still resumes (saved_run_values drops them: a fault never fires again on resume);
+# anywhere else they are refused with a message saying where they went.
+FORMER_TEST_HOOKS = ("kill_replica_at_step", "kill_replica_id", "kill_partition_id", "kill_shard_at_step",
+                     "kill_shard_id", "kill_replica_after_s", "kill_shard_after_s", "portion_delay_s",
+                     "straggler_id", "straggler_slowdown")
 
 
 def _upgrade_legacy(values: dict[str, Any]) -> dict[str, Any]:
     """Settings of runs written before ``durability`` replaced ``wal`` (their config.toml must still resume):
     ``wal = true`` is ``durability = "log"``; ``wal = false`` is ``"snapshot"``, or ``"off"`` when checkpoints
-    were off too. The time-based fault settings are gone: they are refused with the new name."""
+    were off too."""
     if "wal" in values:
         wal = str(values.pop("wal")).lower() in ("1", "true", "yes", "on")
         if "durability" not in values:
             ckpt = values.get("checkpoint_every_seconds", 30.0) or values.get("checkpoint_every_updates", 0)
             values["durability"] = "log" if wal else ("snapshot" if ckpt else "off")
-    for old in ("kill_replica_after_s", "kill_shard_after_s"):
-        if old in values and values[old]:
-            raise ConfigError(old, f"faults are injected by step now: use {LEGACY[old]} (the run's step count)")
-        values.pop(old, None)
     return values
+
+
+def saved_run_values(values: dict[str, Any]) -> dict[str, Any]:
+    """The settings of a run directory's config.toml, as a resume reads them (FORMER_TEST_HOOKS dropped)."""
+    return {k: v for k, v in values.items() if k not in FORMER_TEST_HOOKS}
 
 
 def config_from(values: dict[str, Any], base: RunConfig | None = None) -> RunConfig:
@@ -370,6 +332,9 @@ def config_from(values: dict[str, Any], base: RunConfig | None = None) -> RunCon
     values = _upgrade_legacy(dict(values))
     for key, raw in values.items():
         name = key.replace("-", "_")
+        if name in FORMER_TEST_HOOKS:
+            raise ConfigError(name, "fault injection is test tooling, not a run setting: pass "
+                                    "distbelief.testing.Faults(...) to train(..., faults=...)")
         if name not in known:
             close = [k for k in known if k.startswith(name[:4])]
             hint = f" (did you mean {', '.join(close)}?)" if close else ""

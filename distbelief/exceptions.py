@@ -28,5 +28,9 @@ class ClusterUnreachableError(DistBeliefError, ConnectionError):
     """The Ray cluster named by --address could not be reached."""
 
 
+class ReplicaKilled(RuntimeError):
+    """Raised inside a replica (or partition) whose death was injected in process (tests' fault injection)."""
+
+
 class DivergedError(DistBeliefError):
     """Training diverged: the loss became non-finite or exploded. The message names ``--lr`` and a lower rate."""

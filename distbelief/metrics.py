@@ -19,6 +19,7 @@ from typing import Any, Callable
 import tomli_w
 
 from distbelief.exceptions import DivergedError
+from distbelief.files import atomic_write
 
 
 def _clean(v: Any) -> Any:
@@ -364,9 +365,7 @@ class RunRecorder:
             return
         if self._metrics is not None:
             self._metrics.close()
-        tmp = self.out_dir / "summary.json.tmp"
-        tmp.write_text(json.dumps(summary, indent=2) + "\n")
-        os.replace(tmp, self.out_dir / "summary.json")
+        atomic_write(self.out_dir / "summary.json", json.dumps(summary, indent=2) + "\n", durable=False)
         if flat_params is not None:
             from safetensors.torch import save_file
 

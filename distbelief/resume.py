@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from distbelief.files import atomic_write
 from distbelief.ps.checkpoint import latest_good_checkpoint
 from distbelief.ps.shard import PARAMS, Durability, ParameterShard
 
@@ -90,10 +91,7 @@ def drop_retired(path: Path | None) -> None:
 
 
 def write_trainer_state(run_dir: str | Path, state: dict) -> None:
-    p = Path(run_dir) / STATE_FILE
-    tmp = p.with_suffix(".tmp")
-    tmp.write_text(json.dumps(state))
-    os.replace(tmp, p)
+    atomic_write(Path(run_dir) / STATE_FILE, json.dumps(state))
 
 
 def read_trainer_state(run_dir: str | Path) -> dict:

@@ -83,3 +83,16 @@ def pytest_runtest_teardown(item, nextitem):
 @pytest.fixture(scope="session")
 def toy_data():
     return toy_classification(256), toy_classification(64, seed=1)
+
+
+def config_and_faults(**settings):
+    """``(RunConfig, Faults)`` from one set of keyword settings: the fault-injection ones (distbelief.testing.Faults
+    fields) go to the Faults, the rest to the config."""
+    import dataclasses
+
+    from distbelief import RunConfig
+    from distbelief.testing import Faults
+
+    names = {f.name for f in dataclasses.fields(Faults)}
+    faults = {k: settings.pop(k) for k in list(settings) if k in names}
+    return RunConfig(**settings), Faults(**faults)

@@ -83,13 +83,12 @@ def partition_counts(cores: int, quick: bool) -> list[int]:
 
 def measure(runtime, m: Fig3Model, P: int, steps: int, timeout_s: float = 1200.0) -> dict:
     from distbelief.partition.executor import StepWorkerRecipe
-    from distbelief.runtime.partition_groups import create_partition_group
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(m.batch, *m.input_shape, generator=g)
     y = torch.randint(0, m.classes, (m.batch,), generator=g)
-    role = create_partition_group(runtime, 0, StepWorkerRecipe(partial(m.make, P), F.cross_entropy), None, None,
-                                  1, P)
+    role = runtime.create_partition_group(0, StepWorkerRecipe(partial(m.make, P), F.cross_entropy), None, None,
+                                          1, P)
     try:
         runtime.call(role, "broadcast", "timed_steps", x, y, 1).result(timeout_s)  # warm-up
         res = runtime.call(role, "broadcast", "timed_steps", x, y, steps).result(timeout_s)

@@ -27,6 +27,7 @@ from typing import Callable
 import torch
 
 from distbelief.data.batches import BatchSource
+from distbelief.exceptions import ReplicaKilled
 from distbelief.ps.sharding import bind_flat
 
 
@@ -37,10 +38,6 @@ class ReplicaSettings:
     local_lr: float = 0.0
     overlap: bool = True
     remote_timeout_s: float = 120.0
-
-
-class ReplicaKilled(RuntimeError):
-    """Raised inside a replica whose death was injected (in-process runtime only)."""
 
 
 class ModelReplica:
@@ -161,7 +158,6 @@ class ModelReplica:
         return loss.item()
 
     def run(self, max_steps: int | None = None, max_seconds: float | None = None) -> dict:
-        s = self.settings
         deadline = math.inf if max_seconds is None else time.monotonic() + max_seconds
         limit = math.inf if max_steps is None else max_steps
         self._stop.clear()

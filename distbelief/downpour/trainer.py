@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from torch.utils.data import Dataset
 
 from distbelief.data.batches import BatchSource, replica_indices
 from distbelief.downpour.replica import ModelReplica, ReplicaSettings
 from distbelief.evaluation import evaluate_job
 from distbelief.exceptions import ConfigError, DistBeliefError, RemoteTimeoutError, RoleFailedError
+from distbelief.job import Job, materialize
 from distbelief.metrics import Clock, EvalSchedule, RunRecorder
 from distbelief.policies import Decision, RestartPolicy
 from distbelief.ps.optimizers import make_server_optimizer
@@ -30,13 +30,6 @@ from distbelief.ps.sharding import ShardLayout, flatten, unflatten_into
 from distbelief.resume import (drop_retired, load_server_state, read_trainer_state, retire_checkpoints,
                                write_trainer_state)
 from distbelief.runtime.base import Future, Role, Runtime
-
-
-def materialize(data) -> Dataset:
-    """A Dataset from a Dataset or from a zero-argument factory returning one."""
-    if isinstance(data, Dataset) or not callable(data):
-        return data
-    return data()
 
 
 @dataclass
@@ -73,19 +66,15 @@ class _ReplicaState:
     alive: bool = True
     finished: bool = False
     last_stats: dict = field(default_factory=dict)
+    # A failed replica waiting out its restart backoff (time.monotonic() when it may start again): its old role is
+    # dead, and the driver goes on evaluating and supervising meanwhile instead of sleeping.
+    restart_at: float | None = None
+    failed_at: float = 0.0
 
-
-@dataclass
-class Job:
-    """What to train and how: the resolved config plus the user's model factory, data and loss."""
-
-    cfg: Any  # RunConfig
-    model_fn: Callable[[], torch.nn.Module]
-    train_data: Any  # Dataset or zero-arg factory
-    test_data: Dataset
-    loss_fn: Callable
-    threads: int
-    train_probe: Dataset | None = None  # a fixed sample of the training set for training accuracy (or None)
+    @property
+    def running(self) -> bool:
+        """Alive with a live role to call (not waiting to be restarted)."""
+        return self.alive and self.restart_at is None
 
 
 class ParameterServerTrainer:
@@ -213,7 +202,7 @@ class ParameterServerTrainer:
         self.shards[k] = role
         self.client.replace_shard(k, role.handle)
         handed = [(rid, self.runtime.call(r.role, "replace_shard", k, role.handle))
-                  for rid, r in self.replicas.items() if r.alive]
+                  for rid, r in self.replicas.items() if r.running]
         for rid, f in handed:
             try:
                 acked = max(acked, f.result(self.timeout_s) or 0)
@@ -250,12 +239,10 @@ class ParameterServerTrainer:
     def _start_replica(self, rid: int) -> Role:
         if self.cfg.partitions > 1:  # model parallelism: the replica is a group of partitions (distbelief.partition)
             from distbelief.partition.replica import PartitionRecipe
-            from distbelief.runtime.partition_groups import create_partition_group
-
             j = self.job
             recipe = PartitionRecipe(rid, self.cfg.replicas, j.model_fn, j.train_data, self.cfg.batch_size,
                                      self.cfg.seed, self.settings, j.loss_fn)
-            role = create_partition_group(self.runtime, rid, recipe, self.shards, self.layout, self.job.threads,
+            role = self.runtime.create_partition_group(rid, recipe, self.shards, self.layout, self.job.threads,
                                           self.cfg.partitions)
         else:
             role = self.runtime.create_replica(rid, self._recipe(rid), self.shards, self.layout, self.job.threads)
@@ -301,7 +288,7 @@ class ParameterServerTrainer:
         return [f.result(self.timeout_s) for f in futs]
 
     def _poll_replicas(self) -> None:
-        futs = {rid: self.runtime.call(st.role, "stats") for rid, st in self.replicas.items() if st.alive}
+        futs = {rid: self.runtime.call(st.role, "stats") for rid, st in self.replicas.items() if st.running}
         for rid, f in futs.items():
             try:
                 s = f.result(min(10.0, self.timeout_s))
@@ -324,7 +311,7 @@ class ParameterServerTrainer:
     def _pause_replicas(self) -> list[int]:
         """Hold every running replica at its next step boundary (its pushes applied); returns those held."""
         futs = [(rid, self.runtime.call(st.role, "pause", self.timeout_s)) for rid, st in self.replicas.items()
-                if st.alive and st.future is not None and not st.finished]
+                if st.running and st.future is not None and not st.finished]
         held = []
         for rid, f in futs:
             try:
@@ -339,7 +326,7 @@ class ParameterServerTrainer:
 
     def _resume_replicas(self) -> None:
         for st in self.replicas.values():
-            if st.alive:
+            if st.running:
                 self.runtime.call(st.role, "resume")  # fire and forget: a dead one is found by the supervisor
 
     def _choose_evaluation(self) -> None:
@@ -412,7 +399,7 @@ class ParameterServerTrainer:
             rec["replica_compute_s"] = round(sum(s["compute_s"] for s in live), 3)
             rec["replica_wait_s"] = round(sum(s["wait_s"] for s in live), 3)
         if self.cfg.partitions > 1:
-            from distbelief.partition.replica import messaging_metrics
+            from distbelief.partition.stats import messaging_metrics
 
             rec.update(messaging_metrics([st.last_stats for st in self.replicas.values() if st.last_stats]))
         self.rec.record(rec)
@@ -462,19 +449,38 @@ class ParameterServerTrainer:
                 self.rec.log(f"replica {rid} exhausted its {self.policy.max_restarts} restarts; "
                              f"continuing with {alive} replicas")
             return
-        t0 = time.monotonic()
-        time.sleep(self.policy.backoff(st.restarts))
-        st.restarts += 1
-        self.replica_restarts += 1
-        st.base_steps = st.steps
-        st.role = self._start_replica(rid)
-        self.replica_recovery_s.append(time.monotonic() - t0)
-        self.events.append({"event": "replica restarted", "id": rid, "wall_s": self.clock.elapsed()})
-        limit = st.phase_limit
-        remaining = None if limit is None else max(0, limit - (st.steps - st.phase_base))
-        self._run_replica(rid, remaining)
-        self.rec.log(f"replica {rid} restarted (restart {st.restarts}/{self.policy.max_restarts}); "
-                     f"it rejoins from the server's parameters")
+        st.future = None
+        st.failed_at = time.monotonic()
+        st.restart_at = st.failed_at + self.policy.backoff(st.restarts)
+
+    def _restart_due(self) -> None:
+        """Restart the failed replicas whose backoff is over (the supervision loop calls this every tick)."""
+        now = time.monotonic()
+        for rid, st in self.replicas.items():
+            if st.restart_at is None or now < st.restart_at:
+                continue
+            st.restart_at = None
+            if self._should_stop():
+                st.alive = False
+                continue
+            st.restarts += 1
+            self.replica_restarts += 1
+            st.base_steps = st.steps
+            st.role = self._start_replica(rid)
+            self.replica_recovery_s.append(time.monotonic() - st.failed_at)
+            self.events.append({"event": "replica restarted", "id": rid, "wall_s": self.clock.elapsed()})
+            if self.cfg.strategy == "sync":
+                continue  # the lockstep loop calls it at its next step
+            limit = st.phase_limit
+            remaining = None if limit is None else max(0, limit - (st.steps - st.phase_base))
+            self._run_replica(rid, remaining)
+            self.rec.log(f"replica {rid} restarted (restart {st.restarts}/{self.policy.max_restarts}); "
+                         f"it rejoins from the server's parameters")
+
+    def _until_restart(self) -> float:
+        """Seconds until the next scheduled replica restart (inf: none)."""
+        due = [st.restart_at for st in self.replicas.values() if st.restart_at is not None]
+        return max(0.0, min(due) - time.monotonic()) if due else math.inf
 
     def _supervise(self, rids: list[int], max_steps, next_eval: float) -> float:
         """Run replicas ``rids`` to completion (or stop), evaluating on the cadence. Returns the next eval time.
@@ -492,8 +498,14 @@ class ParameterServerTrainer:
             if not pending:
                 return next_eval
             # A fault due at a step is looked for every 20 ms, so it lands close to that step.
-            wait = max(0.0, min(next_eval - self.clock.elapsed(), 0.02 if self._fault_pending() else 0.5))
-            done = self.runtime.wait_any([st.future for st in pending.values()], wait)
+            wait = max(0.0, min(next_eval - self.clock.elapsed(), 0.02 if self._fault_pending() else 0.5,
+                                self._until_restart()))
+            futures = [st.future for st in pending.values() if st.future is not None]
+            if futures:
+                done = self.runtime.wait_any(futures, wait)
+            else:  # every pending replica waits out its restart backoff
+                time.sleep(wait)
+                done = []
             for rid, st in pending.items():
                 if st.future in done:
                     try:
@@ -501,6 +513,7 @@ class ParameterServerTrainer:
                         st.last_stats, st.steps, st.finished = s, st.base_steps + s["steps"], True
                     except (RoleFailedError, RemoteTimeoutError) as e:
                         self._handle_failure(rid, e, max_steps)
+            self._restart_due()
             self._maybe_inject_fault()
             self._check_shards()
             if self.clock.elapsed() >= next_eval:
@@ -509,7 +522,7 @@ class ParameterServerTrainer:
             if stopping_since is None and self._should_stop():
                 stopping_since = time.monotonic()
                 for st in self.replicas.values():
-                    if st.alive:
+                    if st.running:
                         self.runtime.call(st.role, "stop")
             if stopping_since is not None and time.monotonic() - stopping_since > self.timeout_s:
                 raise RemoteTimeoutError(
@@ -522,39 +535,38 @@ class ParameterServerTrainer:
         return sum(st.steps for st in self.replicas.values())
 
     def _fault_pending(self) -> bool:
-        cfg = self.cfg
-        return bool(cfg.kill_shard_at_step and not self._shard_killed_once) or bool(
-            cfg.kill_replica_at_step and not self._killed_once)
+        faults = self.job.faults
+        return bool(faults.kill_shard_at_step and not self._shard_killed_once) or bool(
+            faults.kill_replica_at_step and not self._killed_once)
 
     def _maybe_inject_fault(self) -> None:
         """Fault injection by step (never by wall-clock time, so a test's fault always lands at the same point
-        of the run): kill a shard and/or a replica once the run has done ``kill_*_at_step`` steps."""
-        cfg = self.cfg
-        shard_due = cfg.kill_shard_at_step and not self._shard_killed_once
-        replica_due = cfg.kill_replica_at_step and not self._killed_once
+        of the run): kill a shard and/or a replica once the run has done ``kill_*_at_step`` steps (``job.faults``:
+        distbelief.testing)."""
+        faults = self.job.faults
+        shard_due = faults.kill_shard_at_step and not self._shard_killed_once
+        replica_due = faults.kill_replica_at_step and not self._killed_once
         if not (shard_due or replica_due):
             return
         steps = self._run_steps()
-        if shard_due and steps >= cfg.kill_shard_at_step:
+        if shard_due and steps >= faults.kill_shard_at_step:
             self._shard_killed_once = True
-            self.events.append({"event": "shard killed", "id": cfg.kill_shard_id, "wall_s": self.clock.elapsed(),
-                                "step": steps})
-            self.rec.log(f"fault injection: killing parameter shard {cfg.kill_shard_id} at step {steps}")
-            self.runtime.kill(self.shards[cfg.kill_shard_id])
-        if replica_due and steps >= cfg.kill_replica_at_step:
-            st = self.replicas.get(cfg.kill_replica_id)
-            if st is not None and st.alive and not st.finished:
+            self.events.append({"event": "shard killed", "id": faults.kill_shard_id,
+                                "wall_s": self.clock.elapsed(), "step": steps})
+            self.rec.log(f"fault injection: killing parameter shard {faults.kill_shard_id} at step {steps}")
+            self.runtime.kill(self.shards[faults.kill_shard_id])
+        if replica_due and steps >= faults.kill_replica_at_step:
+            st = self.replicas.get(faults.kill_replica_id)
+            if st is not None and st.running and not st.finished:
                 self._killed_once = True
-                self.events.append({"event": "replica killed", "id": cfg.kill_replica_id,
+                self.events.append({"event": "replica killed", "id": faults.kill_replica_id,
                                     "wall_s": self.clock.elapsed(), "step": steps})
-                if cfg.kill_partition_id >= 0:  # one partition's process: its whole group must fail and restart
-                    from distbelief.runtime.partition_groups import kill_partition
-
-                    self.rec.log(f"fault injection: killing partition {cfg.kill_partition_id} of replica "
-                                 f"{cfg.kill_replica_id} at step {steps}")
-                    kill_partition(self.runtime, st.role, cfg.kill_partition_id)
+                if faults.kill_partition_id >= 0:  # one partition's process: its whole group fails and restarts
+                    self.rec.log(f"fault injection: killing partition {faults.kill_partition_id} of replica "
+                                 f"{faults.kill_replica_id} at step {steps}")
+                    self.runtime.kill_partition(st.role, faults.kill_partition_id)
                 else:
-                    self.rec.log(f"fault injection: killing replica {cfg.kill_replica_id} at step {steps}")
+                    self.rec.log(f"fault injection: killing replica {faults.kill_replica_id} at step {steps}")
                     self.runtime.kill(st.role)
 
     def run_downpour(self) -> None:
@@ -594,8 +606,12 @@ class ParameterServerTrainer:
         next_eval = self.clock.elapsed() + cfg.eval_every_seconds
         step = max([st.steps for st in self.replicas.values()] + [0])
         while not (cfg.max_steps and step >= cfg.max_steps):
-            live = [rid for rid, st in self.replicas.items() if st.alive]
+            self._restart_due()
+            live = [rid for rid, st in self.replicas.items() if st.running]
             if not live:
+                if any(st.alive for st in self.replicas.values()):  # all waiting out their restart backoff
+                    time.sleep(min(0.5, self._until_restart()))
+                    continue
                 raise DistBeliefError("every replica failed and none could be restarted")
             # Each replica returns its gradient split by shard; the driver waits for the small summaries only,
             # and shard k receives part k of every gradient straight from the replicas (Runtime.call_split).
@@ -650,15 +666,13 @@ class ParameterServerTrainer:
             st.alive = False
             self.replicas_lost += 1
             return
-        time.sleep(self.policy.backoff(st.restarts))
-        st.restarts += 1
-        self.replica_restarts += 1
-        st.role = self._start_replica(rid)
+        st.failed_at = time.monotonic()
+        st.restart_at = st.failed_at + self.policy.backoff(st.restarts)
 
     def _stop_all_replicas(self) -> None:
         futs = []
         for st in self.replicas.values():
-            if st.alive:
+            if st.running:
                 self.runtime.call(st.role, "stop")
                 if st.future is not None:
                     futs.append((st, st.future))

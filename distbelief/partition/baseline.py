@@ -12,15 +12,14 @@ import torch
 from distbelief.downpour.replica import ReplicaSettings
 from distbelief.evaluation import evaluate_job
 from distbelief.metrics import Clock, RunRecorder
-from distbelief.partition.replica import PartitionRecipe, messaging_metrics
+from distbelief.partition.replica import PartitionRecipe
+from distbelief.partition.stats import messaging_metrics
 from distbelief.ps.optimizers import make_server_optimizer
 from distbelief.ps.sharding import unflatten_into
 
 
 def run_partitioned_sgd(job, runtime, recorder: RunRecorder) -> tuple[dict, torch.Tensor]:
     """Train one partitioned replica with local updates; evaluate between chunks of ``eval_every_seconds``."""
-    from distbelief.runtime.partition_groups import create_partition_group
-
     cfg = job.cfg
     rule = make_server_optimizer(cfg.server_optimizer, cfg.lr, cfg.adagrad_eps, cfg.adagrad_initial_accumulator)
     settings = ReplicaSettings(remote_timeout_s=cfg.remote_timeout_s)
@@ -28,7 +27,7 @@ def run_partitioned_sgd(job, runtime, recorder: RunRecorder) -> tuple[dict, torc
                              local_optimizer=rule)
     torch.manual_seed(cfg.seed)
     eval_model = job.model_fn()
-    role = create_partition_group(runtime, 0, recipe, None, None, job.threads, cfg.partitions)
+    role = runtime.create_partition_group(0, recipe, None, None, job.threads, cfg.partitions)
     recorder.log(f"single replica in {cfg.partitions} partitions, local {cfg.server_optimizer} "
                  f"({sum(p.numel() for p in eval_model.parameters()):,} parameters)")
     clock = Clock()

@@ -16,7 +16,7 @@ from distbelief.exceptions import RemoteTimeoutError
 from distbelief.partition.model import PartitionedModel
 from distbelief.partition.partition import Partition
 from distbelief.partition.plan import HEAD
-from distbelief.partition.transport import InProcessTransport
+from distbelief.runtime.transport import InProcessTransport
 
 
 @dataclass

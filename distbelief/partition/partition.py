@@ -7,7 +7,7 @@ every partition the gradient of its output region. Backward, layer by layer in r
 gradients of my parameters (accumulated into their ``.grad``) and of my input box; I return each received box's
 gradient to its owner along the same edge, and sum what the others return for my units into my own gradient.
 
-No engine here: messages go through a :class:`~distbelief.partition.transport.Transport`.
+No engine here: messages go through a :class:`~distbelief.runtime.transport.Transport`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 from distbelief.partition.layers import Box, box_empty, box_size, crop, full_box, intersect
 from distbelief.partition.model import PartitionedModel
 from distbelief.partition.plan import HEAD
-from distbelief.partition.transport import Transport
+from distbelief.runtime.transport import Transport
 
 
 @dataclass

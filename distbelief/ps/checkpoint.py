@@ -13,7 +13,6 @@ updates it had acknowledged are not lost. Nothing here uses pickle.
 from __future__ import annotations
 
 import hashlib
-import os
 import struct
 import zlib
 from dataclasses import dataclass
@@ -23,6 +22,8 @@ import numpy as np
 import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
+
+from distbelief.files import atomic_write
 
 
 class CorruptCheckpoint(Exception):
@@ -41,17 +42,6 @@ def shard_dir(root: str | Path, shard_id: int) -> Path:
     return Path(root) / f"shard-{shard_id:03d}"
 
 
-def _fsync_dir(d: Path) -> None:
-    try:
-        fd = os.open(d, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def save_checkpoint(root: str | Path, shard_id: int, meta: dict[str, int], tensors: dict[str, torch.Tensor],
                     keep: int = 3) -> Path:
     """Atomically write ``tensors`` + ``meta`` (must include ``version``); keep the newest ``keep`` files."""
@@ -61,14 +51,7 @@ def save_checkpoint(root: str | Path, shard_id: int, meta: dict[str, int], tenso
     metadata = {k: str(v) for k, v in meta.items()}
     metadata["sha256"] = _digest(tensors)
     blob = st_save(tensors, metadata=metadata)
-    final = d / f"ckpt-{int(meta['version']):012d}.safetensors"
-    tmp = d / f".{final.name}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(blob)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, final)
-    _fsync_dir(d)
+    final = atomic_write(d / f"ckpt-{int(meta['version']):012d}.safetensors", blob)
     for old in sorted(d.glob("ckpt-*.safetensors"))[:-keep]:
         old.unlink(missing_ok=True)
     return final

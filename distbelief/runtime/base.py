@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from distbelief.exceptions import RoleFailedError
+from distbelief.exceptions import ConfigError, RoleFailedError
 
 
 class Future(ABC):
@@ -236,6 +236,29 @@ class Runtime(ABC):
     @abstractmethod
     def wait_any(self, futures: list[Future], timeout_s: float) -> list[Future]:
         """Return the subset of ``futures`` that are done, waiting at most ``timeout_s`` for at least one."""
+
+    def check_capacity(self, num_replicas: int, partitions: int = 1, log: Callable[[str], None] | None = None
+                       ) -> str | None:
+        """Before any worker starts: refuse (ConfigError) a job this runtime cannot place, or adapt to it and
+        return the one line that said so; None when it fits. Threads in one process always fit."""
+        return None
+
+    def create_partition_group(self, replica_id: int, factory: Callable, shards: list[Role] | None, layout,
+                               threads: int, num_partitions: int) -> Role:
+        """Place a model-parallel replica as ``num_partitions`` partitions; returns its replica role, which
+        answers the calls a replica answers (``run``, ``stop``, ``pause``, ``resume``, ``stats``, ``kill``,
+        ``replace_shard``) plus ``params``.
+
+        ``factory(partition_id, client_for, transport)`` builds each partition where it lives;
+        ``client_for(lo, hi)`` gives a client for the shards holding ``[lo, hi)`` (None when ``shards`` is None:
+        the partitions then update their parameters locally). When one partition dies the group's ``run`` fails
+        promptly, and ``kill(role)`` tears the whole group down."""
+        raise ConfigError("partitions", f"the {self.name} runtime cannot place partitioned replicas")
+
+    def kill_partition(self, role: Role, partition_id: int) -> None:
+        """Fault injection: kill one partition of the partitioned replica ``role`` abruptly; the group's ``run``
+        then fails as for any replica failure."""
+        raise ConfigError("kill_partition_id", f"the {self.name} runtime cannot kill a single partition")
 
     def driver_spare_cpus(self, replicas: list[Role], threads_per_replica: int) -> float:
         """Cores on the driver's machine left free by the replicas placed there; the driver evaluates on them

@@ -1,5 +1,7 @@
 """In-process runtime: every role is a Python object in this process; long calls run on threads.
 
+A model-parallel replica here is P partition threads connected by mailboxes (``InProcessPartitionGroup``).
+
 Shards are guarded by a lock each (a Ray actor executes one call at a time; this reproduces that). Client calls
 from replicas are executed synchronously, so with one replica the schedule is fully deterministic — the basis
 of the oracle tests.
@@ -12,8 +14,10 @@ import threading
 import time
 from typing import Any, Callable
 
-from distbelief.exceptions import RemoteTimeoutError, RoleFailedError
+from distbelief.exceptions import RemoteTimeoutError, ReplicaKilled, RoleFailedError
+from distbelief.partition.stats import merge_partition_stats
 from distbelief.runtime.base import Done, Future, Role, Runtime, ShardClient
+from distbelief.runtime.transport import InProcessTransport
 
 
 class _ThreadFuture(Future):
@@ -75,6 +79,112 @@ class InProcessShardClient(ShardClient):
         return Done(acked)
 
 
+class InProcessRangeClient(InProcessShardClient):
+    """A partition's connection to the shards holding its flat parameter range ``[lo, hi)`` — and only those.
+
+    ``fetch_async() -> (parts, versions)`` with ``parts = [(start, values), ...]`` covering ``[lo, hi)`` and
+    ``versions = {shard_id: version}``; ``push_async(grad, versions, n)`` sends each of those shards its
+    intersection of ``grad`` (which covers ``[lo, hi)``).
+    """
+
+    def __init__(self, shards: list[Role], layout, replica_id: int, timeout_s: float, lo: int, hi: int):
+        super().__init__(shards, layout, replica_id, timeout_s)
+        self.lo, self.hi = lo, hi
+        self.shard_ids = layout.shards_overlapping(lo, hi)
+
+    def fetch_async(self):
+        parts, versions = [], {}
+        for k in self.shard_ids:
+            _, (start, values, version) = self._call(k, "fetch_range", self.lo, self.hi, self.replica_id)
+            parts.append((start, values.copy()))  # copied under the shard's lock
+            versions[k] = version
+        return Done((parts, versions))
+
+    def push_async(self, grad, versions, num_examples: int):
+        g = grad.numpy() if hasattr(grad, "numpy") else grad
+        acked: list[int | None] = [None] * len(self.handles)
+        seq = self.next_seq()
+        for k in self.shard_ids:
+            s_lo, s_hi = self.layout.range(k)
+            a, b = max(s_lo, self.lo), min(s_hi, self.hi)
+            # (session, seq): a push re-sent to a restarted shard that already applied it is not applied twice
+            acked[k] = self._call(k, "push", self.replica_id, g[a - self.lo: b - self.lo], a,
+                                  versions[k] if versions else 0, num_examples, self.session, seq)[1]
+        self._ack(acked)
+        return Done(acked)
+
+
+class InProcessPartitionGroup:
+    """A model replica as P partition threads of this process (the in-process runtime's partition group)."""
+
+    def __init__(self, replica_id: int, factory: Callable, shards: list[Role] | None, layout,
+                 num_partitions: int, timeout_s: float):
+        self.replica_id, self.timeout_s = replica_id, timeout_s
+        self.transports = InProcessTransport.group(num_partitions, f"replica {replica_id}")
+        self.parts: list[Any] = []  # PartitionReplica objects, built by the factory
+        def client_for(lo: int, hi: int) -> InProcessRangeClient:
+            return InProcessRangeClient(shards, layout, replica_id, timeout_s, lo, hi)
+
+        for p in range(num_partitions):
+            self.parts.append(factory(p, client_for if shards is not None else None, self.transports[p]))
+        self._pool = cf.ThreadPoolExecutor(max_workers=num_partitions,
+                                           thread_name_prefix=f"distbelief-r{replica_id}-partition")
+
+    def run(self, max_steps: int | None = None, max_seconds: float | None = None) -> dict[str, Any]:
+        for t in self.transports[:1]:
+            for box in t.mailboxes:
+                box.clear()
+        futs = [self._pool.submit(part.run, max_steps, max_seconds) for part in self.parts]
+        error: BaseException | None = None
+        for f in cf.as_completed(futs):
+            if f.exception() is not None and error is None:
+                error = f.exception()
+                # Wake the partitions blocked on messages from the failed one, so the whole group ends now.
+                self.transports[0].fail_all(RoleFailedError(
+                    f"replica {self.replica_id}: another partition failed: {error}"))
+        if error is not None:
+            raise error
+        return self.stats()
+
+    def stop(self) -> None:
+        self.parts[0].stop()  # the head ends the lockstep for everyone
+
+    def pause(self, timeout_s: float) -> bool:
+        return self.parts[0].pause(timeout_s)  # the head holds the lockstep for everyone
+
+    def resume(self) -> None:
+        self.parts[0].resume()
+
+    def kill(self) -> None:
+        """Tear the whole group down: every partition stops, blocked receives fail, the threads are released."""
+        for part in self.parts:
+            if hasattr(part, "kill"):
+                part.kill()
+        self.transports[0].fail_all(RoleFailedError(f"replica {self.replica_id} was killed"))
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def kill_partition(self, partition_id: int) -> None:
+        """Fault injection: partition ``partition_id`` dies as its process would. It stops at its next step or
+        receive, whichever comes first, and its failure then ends the group's ``run`` (see ``run``)."""
+        self.parts[partition_id].kill()
+        self.transports[partition_id].mailboxes[partition_id].fail(ReplicaKilled(
+            f"replica {self.replica_id} partition {partition_id} was killed (fault injection)"))
+
+    def replace_shard(self, shard_id: int, handle) -> int:
+        return max([part.replace_shard(shard_id, handle) or 0 for part in self.parts] + [0])
+
+    def stats(self) -> dict[str, Any]:
+        return merge_partition_stats([part.stats() for part in self.parts])
+
+    def params(self) -> list[tuple[int, Any]]:
+        return [part.params() for part in self.parts]
+
+    def broadcast(self, method: str, *args) -> list:
+        """Call ``method`` on every partition at once (they run in lockstep) and return their answers."""
+        futs = [self._pool.submit(getattr(part, method), *args) for part in self.parts]
+        return [f.result(timeout=self.timeout_s * 4) for f in futs]
+
+
 class InProcessRuntime(Runtime):
     name = "inprocess"
 
@@ -102,6 +212,13 @@ class InProcessRuntime(Runtime):
             return _ThreadFuture(self._pool.submit(locked), role.name)
         # Replicas are thread-safe by design: run() in one thread, stop()/stats() from others.
         return _ThreadFuture(self._pool.submit(getattr(box.obj, method), *args, **kwargs), role.name)
+
+    def create_partition_group(self, replica_id, factory, shards, layout, threads, num_partitions) -> Role:
+        group = InProcessPartitionGroup(replica_id, factory, shards, layout, num_partitions, self.remote_timeout_s)
+        return Role("replica", replica_id, _Locked(group))
+
+    def kill_partition(self, role: Role, partition_id: int) -> None:
+        role.handle.obj.kill_partition(partition_id)
 
     def shard_client(self, shards, layout, replica_id: int = -1) -> ShardClient:
         client = InProcessShardClient(shards, layout, replica_id, self.remote_timeout_s)

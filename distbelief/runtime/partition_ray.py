@@ -36,9 +36,9 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from distbelief.exceptions import ConfigError, RemoteTimeoutError, RoleFailedError
-from distbelief.partition.replica import merge_partition_stats
-from distbelief.partition.transport import Mailbox, Transport
+from distbelief.partition.stats import merge_partition_stats
 from distbelief.runtime.base import Future, Role, ShardClient
+from distbelief.runtime.transport import Mailbox, Transport
 
 PARTITION_CPUS = 1.0  # the default; the runtime's ``partition_cpus`` is what a partition asks for
 
@@ -294,8 +294,10 @@ def kill_ray_partition(role: RayPartitionGroupRole, partition_id: int) -> None:
 
 
 def create_ray_partition_group(runtime, replica_id: int, factory: Callable, shards: list[Role] | None, layout,
-                               threads: int, num_partitions: int) -> Role:
-    """Place replica ``replica_id`` as ``num_partitions`` partition actors; returns the replica role."""
+                               threads: int, num_partitions: int, adopt: Callable[[Any], None]
+                               ) -> "RayPartitionGroupRole":
+    """Place replica ``replica_id`` as ``num_partitions`` partition actors; returns the replica role.
+    ``adopt(leader)`` hands the group's actor to the runtime as soon as it exists (its shutdown kills it)."""
     # A static check (CPUs of dead groups come back asynchronously); the placement group's wait covers the rest.
     # A job too big for the local Ray was given shares of a CPU by RayRuntime.check_capacity (oversubscribed).
     cpus = getattr(runtime, "partition_cpus", PARTITION_CPUS)
@@ -312,12 +314,10 @@ def create_ray_partition_group(runtime, replica_id: int, factory: Callable, shar
     leader = PartitionGroupActor.options(num_cpus=0, max_concurrency=4, max_restarts=0).remote(
         replica_id, factory, handles, layout, num_partitions, per_partition_threads, runtime.remote_timeout_s,
         startup, cpus)
-    runtime._actors.append(leader)  # shutdown() kills it, and with it its partitions
+    adopt(leader)  # shutdown() kills it, and with it its partitions
     runtime.wait_ready([Role("replica", replica_id, leader)])
     try:
         partitions, pg = ray.get(leader.members.remote(), timeout=runtime.remote_timeout_s)
     except (GetTimeoutError, RayActorError) as e:
         raise RoleFailedError(f"replica {replica_id}: its partition group did not report its members: {e}") from e
-    role = RayPartitionGroupRole(replica_id, leader, partitions, pg)
-    runtime._groups.append(role)  # shutdown() releases its placement group too
-    return role
+    return RayPartitionGroupRole(replica_id, leader, partitions, pg)

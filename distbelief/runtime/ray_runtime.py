@@ -26,6 +26,7 @@ from distbelief.exceptions import ClusterUnreachableError, ConfigError, RemoteTi
 from distbelief.runtime import shm
 from distbelief.ps.colocated import ColocatedShard
 from distbelief.runtime.base import Done, Future, Role, Runtime, ShardClient, SplitFuture, at_offset
+from distbelief.runtime.partition_ray import create_ray_partition_group, kill_ray_partition
 
 
 def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
@@ -290,7 +291,8 @@ class RayShardClient(ShardClient):
         self.colocated: list | None = None
         self._swap = threading.Lock()  # a shard's replacement vs the loop's update of it
         self._broken: Exception | None = None
-        if self.shm_paths and colocate and replica_id >= 0:
+        # (the shards' state takes params + optimizer state, about 2 x 4 bytes x parameters, in /dev/shm)
+        if self.shm_paths and colocate and replica_id >= 0 and shm.has_room(2 * 4 * layout.total):
             descriptors = _RayFuture([h.call.remote("share", self.shm_base, timeout_s) for h in self.handles],
                                      "parameter shards", many=True).result(timeout_s)
             if all(d is not None for d in descriptors):
@@ -486,6 +488,15 @@ class RayRuntime(Runtime):
         else:
             print(f"[distbelief] warning: {message}", file=sys.stderr, flush=True)
         return message
+
+    def create_partition_group(self, replica_id, factory, shards, layout, threads, num_partitions) -> Role:
+        role = create_ray_partition_group(self, replica_id, factory, shards, layout, threads, num_partitions,
+                                          adopt=self._actors.append)
+        self._groups.append(role)  # shutdown() releases its placement group too
+        return role
+
+    def kill_partition(self, role: Role, partition_id: int) -> None:
+        kill_ray_partition(role, partition_id)
 
     def _ready(self, actor, role_name: str) -> None:
         _RayFuture(actor.pid.remote(), role_name).result(self.startup_timeout_s)

@@ -82,6 +82,15 @@ class CoordinatorSettings:
         return self.batch_size >= self.num_examples
 
 
+@dataclass(frozen=True)
+class DeferredRestart:
+    """What a ``restart`` callback returns to have a failed replica started again later (its backoff), without
+    holding up the coordinator: ``start()`` is called once ``time.monotonic()`` reaches ``at``."""
+
+    at: float
+    start: Callable[[], Role]
+
+
 @dataclass
 class _Slot:
     """The coordinator's view of one replica."""
@@ -142,8 +151,9 @@ class Coordinator:
         shards: the parameter shards (their ``params`` vector is the model; it is the starting point).
         replicas: replica id -> placed SandblasterReplica role.
         settings: see CoordinatorSettings.
-        restart: called with ``(replica_id, error)`` when a replica fails; returns a replacement role, or None to
-            go on without it. Default: go on without it.
+        restart: called with ``(replica_id, error)`` when a replica fails; returns a replacement role, a
+            ``DeferredRestart`` (the replacement starts later; the other replicas go on meanwhile), or None to go
+            on without it. Default: go on without it.
         log: progress messages.
         on_poll: called on every turn of the portion loop (fault injection, tests).
         shard_replaced: called with ``(shard_id, new_role)`` after a dead shard was restarted (the coordinator
@@ -155,7 +165,7 @@ class Coordinator:
 
     def __init__(self, runtime: Runtime, shards: list[Role], replicas: dict[int, Role],
                  settings: CoordinatorSettings,
-                 restart: Callable[[int, Exception], Role | None] | None = None,
+                 restart: Callable[[int, Exception], Role | DeferredRestart | None] | None = None,
                  log: Callable[[str], None] | None = None,
                  on_poll: Callable[["Coordinator"], None] | None = None,
                  shard_replaced: Callable[[int, Role], None] | None = None,
@@ -165,6 +175,7 @@ class Coordinator:
         self.runtime, self.shards, self.settings = runtime, shards, settings
         self.slots = {rid: _Slot(role) for rid, role in replicas.items()}
         self.restart = restart
+        self._deferred: dict[int, DeferredRestart] = {}  # failed replicas waiting out their backoff
         self.log = log or (lambda msg: None)
         self.on_poll = on_poll
         self.shard_replaced = shard_replaced
@@ -588,12 +599,17 @@ class Coordinator:
         while not q.all_committed():
             if self.on_poll is not None:
                 self.on_poll(self)
+            self._start_deferred(q)
             for rid in list(self.slots):
                 if self.slots[rid].future is None:
                     self._dispatch(rid, q)
             waiting = [s.future for s in self.slots.values() if s.future is not None]
             waiting += [f for p in pushes for f in p.futures]
             if not waiting:
+                if self._deferred:  # nothing runs until a replica's backoff is over
+                    time.sleep(min(cfg.poll_s, max(0.0, min(d.at for d in self._deferred.values())
+                                                   - time.monotonic())))
+                    continue
                 if not self.slots:
                     raise DistBeliefError("every replica failed and none could be restarted")
                 raise AssertionError("portion queue stalled: portions left but nothing running")
@@ -724,14 +740,28 @@ class Coordinator:
         except Exception:  # noqa: BLE001 - it is already gone
             pass
         new_role = self.restart(rid, err) if self.restart is not None else None
+        if isinstance(new_role, DeferredRestart):
+            del self.slots[rid]
+            self._deferred[rid] = new_role
+            return
         if new_role is None:
             del self.slots[rid]
-            if not self.slots:
+            if not self.slots and not self._deferred:
                 raise DistBeliefError(f"every replica failed (last: replica {rid}: {err})")
             return
         self.slots[rid] = _Slot(new_role)
         if q is not None:
             q.add_replica(rid)
+
+    def _start_deferred(self, q: PortionQueue | None) -> None:
+        """Start the failed replicas whose backoff is over; they take portions from now on."""
+        now = time.monotonic()
+        for rid, d in list(self._deferred.items()):
+            if now >= d.at:
+                del self._deferred[rid]
+                self.slots[rid] = _Slot(d.start())
+                if q is not None:
+                    q.add_replica(rid)
 
     # ------------------------------------------------------------------ reporting
     def stats(self) -> dict:

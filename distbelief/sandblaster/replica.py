@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from distbelief.data.batches import BatchSource
-from distbelief.downpour.replica import ReplicaKilled
+from distbelief.exceptions import ReplicaKilled
 from distbelief.ps.sharding import bind_flat
 
 
@@ -186,7 +186,7 @@ class SandblasterReplicaRecipe:
     loss_fn: Callable
 
     def __call__(self, client) -> SandblasterReplica:
-        from distbelief.downpour.trainer import materialize
+        from distbelief.job import materialize
 
         ds = materialize(self.train_data)
         # The model's initial values do not matter (the first call fetches the shards' parameters); seeding

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +35,8 @@ import numpy as np
 import torch
 
 from distbelief.exceptions import ConfigError
-from distbelief.ps.checkpoint import CorruptCheckpoint, _fsync_dir, load_checkpoint, shard_dir
+from distbelief.files import atomic_write
+from distbelief.ps.checkpoint import CorruptCheckpoint, load_checkpoint, shard_dir
 from distbelief.ps.shard import PARAMS, ParameterShard
 
 STATE_FORMAT = "distbelief-sandblaster-state/1"
@@ -75,14 +75,7 @@ def write_state(ckpt_root: str | Path, tag: int, payload: dict, keep: int = 3) -
     d.mkdir(parents=True, exist_ok=True)
     body = _canonical(payload)
     doc = {"format": STATE_FORMAT, "sha256": hashlib.sha256(body.encode()).hexdigest(), "state": payload}
-    final = state_path(ckpt_root, tag)
-    tmp = d / f".{final.name}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(json.dumps(doc, sort_keys=True, allow_nan=False) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, final)
-    _fsync_dir(d)
+    final = atomic_write(state_path(ckpt_root, tag), json.dumps(doc, sort_keys=True, allow_nan=False) + "\n")
     for old in sorted(d.glob("state-*.json"))[:-keep]:
         old.unlink(missing_ok=True)
     return final

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from distbelief.downpour.trainer import Job, materialize
+from distbelief.job import Job, materialize
 from distbelief.evaluation import evaluate_job
 from distbelief.exceptions import ConfigError
 from distbelief.metrics import Clock, EvalSchedule, RunRecorder
@@ -28,7 +28,7 @@ from distbelief.policies import Decision, RestartPolicy
 from distbelief.ps.shard import ParameterShard
 from distbelief.ps.sharding import ShardLayout, flatten, unflatten_into
 from distbelief.runtime.base import Role, Runtime, ShardClient
-from distbelief.sandblaster.coordinator import Coordinator, CoordinatorSettings
+from distbelief.sandblaster.coordinator import Coordinator, CoordinatorSettings, DeferredRestart
 from distbelief.sandblaster.lbfgs import LBFGSSettings
 from distbelief.sandblaster.replica import SandblasterReplicaRecipe, SandblasterReplicaSettings
 from distbelief.sandblaster.state import ResumePoint, find_resume_point, resliced_shard, tidy, write_state
@@ -186,8 +186,8 @@ class SandblasterTrainer:
         roles = {}
         for rid in rids:
             settings = SandblasterReplicaSettings(
-                seed=cfg.seed, remote_timeout_s=cfg.remote_timeout_s, portion_delay_s=cfg.portion_delay_s,
-                straggler_slowdown=cfg.straggler_slowdown if rid == cfg.straggler_id else 1.0)
+                seed=cfg.seed, remote_timeout_s=cfg.remote_timeout_s, portion_delay_s=j.faults.portion_delay_s,
+                straggler_slowdown=j.faults.straggler_slowdown if rid == j.faults.straggler_id else 1.0)
             recipe = SandblasterReplicaRecipe(rid, j.model_fn, j.train_data, settings, j.loss_fn)
             roles[rid] = self.runtime.create_replica(rid, recipe, self.shards, self.layout, j.threads)
         # A replica that cannot even be built (bad model, bad data) fails here, with its own error.
@@ -196,40 +196,44 @@ class SandblasterTrainer:
             f.result(max(self.timeout_s, 180.0))
         return roles
 
-    def _restart(self, rid: int, err: Exception) -> Role | None:
-        """The coordinator lost replica ``rid``: restart it (bounded by the policy) or go on without it."""
+    def _restart(self, rid: int, err: Exception) -> DeferredRestart | None:
+        """The coordinator lost replica ``rid``: restart it after its backoff (bounded by the policy; the others
+        go on meanwhile) or go on without it."""
         n = self.restarts.get(rid, 0)
         decision = self.policy.decide(n)
         self.rec.log(f"replica {rid} failed ({err}); decision: {decision.value}")
         if decision is Decision.DROP:
             self.replicas_lost += 1
             return None
-        time.sleep(self.policy.backoff(n))
-        self.restarts[rid] = n + 1
-        self.replica_restarts += 1
-        role = self._start_replicas([rid])[rid]
-        self.rec.log(f"replica {rid} restarted ({n + 1}/{self.policy.max_restarts}); it takes portions again")
-        return role
+
+        def start() -> Role:
+            self.restarts[rid] = n + 1
+            self.replica_restarts += 1
+            role = self._start_replicas([rid])[rid]
+            self.rec.log(f"replica {rid} restarted ({n + 1}/{self.policy.max_restarts}); it takes portions again")
+            return role
+
+        return DeferredRestart(time.monotonic() + self.policy.backoff(n), start)
 
     def _inject_fault(self, coord: Coordinator) -> None:
         """Fault injection by step, so that tests are deterministic: once the coordinator has finished
         ``kill_replica_at_step`` (``kill_shard_at_step``) L-BFGS iterations, kill the replica (shard) in the middle
         of the next one, while its portions are out. Fires once per run."""
-        cfg = self.cfg
-        if (cfg.kill_replica_at_step and not self._killed_once
-                and coord.iterations >= cfg.kill_replica_at_step):
-            slot = coord.slots.get(cfg.kill_replica_id)
+        faults = self.job.faults
+        if (faults.kill_replica_at_step and not self._killed_once
+                and coord.iterations >= faults.kill_replica_at_step):
+            slot = coord.slots.get(faults.kill_replica_id)
             if slot is not None:
                 self._killed_once = True
-                self.rec.log(f"fault injection: killing replica {cfg.kill_replica_id} at iteration "
+                self.rec.log(f"fault injection: killing replica {faults.kill_replica_id} at iteration "
                              f"{coord.iterations}")
                 self.runtime.kill(slot.role)
-        if (cfg.kill_shard_at_step and not self._shard_killed_once
-                and coord.iterations >= cfg.kill_shard_at_step):
+        if (faults.kill_shard_at_step and not self._shard_killed_once
+                and coord.iterations >= faults.kill_shard_at_step):
             self._shard_killed_once = True
-            self.rec.log(f"fault injection: killing parameter shard {cfg.kill_shard_id} at iteration "
+            self.rec.log(f"fault injection: killing parameter shard {faults.kill_shard_id} at iteration "
                          f"{coord.iterations}")
-            self.runtime.kill(self.shards[cfg.kill_shard_id])
+            self.runtime.kill(self.shards[faults.kill_shard_id])
 
     # ---------------------------------------------------------------- evaluation
     def server_params(self) -> torch.Tensor:

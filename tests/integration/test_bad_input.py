@@ -10,6 +10,7 @@ from torch import nn
 
 from distbelief import ConfigError, RunConfig, train
 from distbelief.api import train_task
+from distbelief.testing import Faults
 from tests.conftest import make_odd_model, toy_classification
 
 
@@ -33,7 +34,8 @@ def test_contradictory_settings_name_the_field(toy_data):
         train(make_odd_model, toy_data[0], toy_data[1], runtime="inprocess", quiet=True, shards=10**6,
               max_steps=1)
     with pytest.raises(ConfigError, match="kill_shard_id"):
-        RunConfig(shards=2, kill_shard_at_step=1, kill_shard_id=5).validate()
+        train(make_odd_model, toy_data[0], toy_data[1], runtime="inprocess", quiet=True, shards=2, max_steps=1,
+              faults=Faults(kill_shard_at_step=1, kill_shard_id=5))
     with pytest.raises(ConfigError, match="resume"):
         train(make_odd_model, toy_data[0], toy_data[1], runtime="inprocess", quiet=True, max_steps=1,
               resume=True, out="/nonexistent/run")
@@ -77,3 +79,23 @@ def test_run_directory_holds_no_pickles(tmp_path):
         if head[:1] == b"\x80" and head[1:2] and head[1] <= 5:  # pickle protocol 2-5 opcode PROTO
             with pytest.raises(Exception):
                 pickletools.dis(p.read_bytes(), out=open("/dev/null", "w"))
+
+
+def test_fault_injection_is_not_a_run_setting(tmp_path):
+    """Fault injection and straggler emulation are test tooling (distbelief.testing.Faults): no RunConfig field,
+    no `distbelief train` flag, and a config file naming one is refused with a message saying where it went."""
+    import dataclasses
+    import subprocess
+    import sys
+
+    fault_fields = {f.name for f in dataclasses.fields(Faults)}
+    assert fault_fields and not fault_fields & {f.name for f in dataclasses.fields(RunConfig)}
+    bad = subprocess.run([sys.executable, "-m", "distbelief.cli", "train", "--kill-shard-at-step", "3"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "unrecognized arguments: --kill-shard-at-step" in bad.stderr
+    toml = tmp_path / "faults.toml"
+    toml.write_text("straggler_slowdown = 4.0\n")
+    with pytest.raises(ConfigError, match="^straggler_slowdown: fault injection is test tooling"):
+        from distbelief.config import config_from, load_toml
+
+        config_from(load_toml(toml))

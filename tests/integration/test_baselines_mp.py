@@ -19,6 +19,7 @@ from torch.utils.data import TensorDataset
 from distbelief import ConfigError, RoleFailedError, RunConfig, train
 from distbelief.baselines_mp import SharedProgress
 from distbelief.cli import main
+from distbelief.testing import Faults
 from tests.conftest import make_odd_model, toy_classification
 from tests.integration.test_downpour_inprocess import check_run_dir
 
@@ -301,7 +302,7 @@ def test_dead_ddp_rank_fails_the_run_naming_it_and_keeps_partial_results(tmp_pat
     # Only the kill can end this run: no step limit, no target, and a time budget far beyond 40 steps.
     with pytest.raises(RoleFailedError, match="ddp rank 1 failed"):
         train(make_odd_model, toy_split("train"), toy_split("test"), strategy="ddp", replicas=2,
-              max_seconds=60, eval_every_seconds=0.3, kill_replica_at_step=40, kill_replica_id=1,
+              max_seconds=60, eval_every_seconds=0.3, faults=Faults(kill_replica_at_step=40, kill_replica_id=1),
               out=str(tmp_path / "run"), **FAST)
     summary, _ = check_run_dir(tmp_path / "run", "ddp")
     assert summary["stop_reason"] == "failed" and "ddp rank 1" in summary["error"]

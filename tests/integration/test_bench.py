@@ -77,7 +77,17 @@ def test_fig4_quick_every_method_from_the_shared_warmstart(tmp_path):
         assert run["time_to_target_s"] == time_to_target(s, res["target_accuracy"])
         assert run["time_to_target_mean3_s"] == time_to_target(s, res["target_accuracy"], window=3)
         assert run["examples_per_s"] > 0
-    assert len(res["targets"]) == 3 and all(t["met"] in (True, False, None) for t in res["targets"])
+    assert len(res["targets"]) == 3
+    tta = {(r["method"], r["cores"]): r["time_to_target_s"] for r in res["runs"]}
+    for t in res["targets"]:  # each target is the ratio of the two runs' measured times, judged against its bound
+        a, b = (side.split("@") for side in t["name"].split(" vs "))
+        ta, tb = tta[a[0], int(a[1])], tta[b[0], int(b[1])]
+        if ta is None:
+            assert t["ratio"] is None and t["met"] is None, t
+        elif tb is None:  # b missed within the budget, a reached the target: a is faster whatever b's time
+            assert t["ratio"] is None and t["met"] is True, t
+        else:
+            assert t["ratio"] == pytest.approx(ta / tb) and t["met"] == (ta / tb <= t["threshold"]), t
     check_png(out / "fig4.png")
 
 

@@ -7,6 +7,7 @@ import torch
 
 from distbelief import RunConfig, train
 from distbelief.api import train_task
+from distbelief.testing import Faults
 from tests.conftest import make_odd_model
 from tests.integration.test_downpour_inprocess import check_run_dir
 
@@ -24,7 +25,7 @@ def test_ray_mnist1d_two_replicas_two_shards_adagrad_reaches_80_percent(tmp_path
     assert summary["stop_reason"] == "target accuracy reached"
     assert summary["best_test_accuracy"] >= 0.80
     assert summary["final_test_accuracy"] >= 0.78
-    assert summary["staleness_mean"] >= 0 and summary["staleness_max"] >= 1  # two async replicas: some staleness
+    assert summary["staleness_mean"] > 0 and summary["staleness_max"] >= 1  # two async replicas: some staleness
 
 
 # One case on Ray actors; tests/unit/test_downpour_oracles.py runs more in-process.
@@ -46,9 +47,9 @@ def test_ray_one_replica_matches_inprocess_exactly(toy_data):
 
 
 def test_ray_replica_process_killed_mid_run_is_restarted_and_the_run_reaches_its_target(tmp_path):
-    cfg = RunConfig(runtime="ray", replicas=2, shards=2, max_seconds=90, target_accuracy=0.72, kill_replica_at_step=40,
-                    kill_replica_id=1, eval_every_seconds=1, batch_size=64, out=str(tmp_path / "run"))
-    res = train_task(cfg, quiet=True)
+    cfg = RunConfig(runtime="ray", replicas=2, shards=2, max_seconds=90, target_accuracy=0.72,
+                    eval_every_seconds=1, batch_size=64, out=str(tmp_path / "run"))
+    res = train_task(cfg, quiet=True, faults=Faults(kill_replica_at_step=40, kill_replica_id=1))
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary == res.summary
     assert summary["replica_restarts"] == 1 and summary["replicas_lost"] == 0
@@ -147,7 +148,7 @@ def test_fused_push_fetch_loop_equals_separate_calls_bit_for_bit(toy_data):
 def test_ray_shared_memory_plane_survives_a_shard_kill(toy_data, tmp_path):
     """A push waiting on a dead shard is re-sent to its replacement, which maps the same replica buffer."""
     res = train(make_odd_model, toy_data[0], toy_data[1], quiet=True, runtime="ray", replicas=2, shards=2,
-                max_seconds=10, kill_shard_at_step=200, kill_shard_id=1, eval_every_seconds=1, batch_size=8,
+                max_seconds=10, faults=Faults(kill_shard_at_step=200, kill_shard_id=1), eval_every_seconds=1, batch_size=8,
                 checkpoint_every_seconds=1, durability="log", out=str(tmp_path / "run"))
     assert res.summary["shard_restarts"] == 1 and res.summary["updates_lost"] == 0
     assert torch.isfinite(res.flat_params).all()

@@ -5,6 +5,7 @@ import pytest
 
 from distbelief import RunConfig
 from distbelief.api import train, train_task
+from distbelief.testing import Faults
 from tests.conftest import make_odd_model
 
 
@@ -12,10 +13,11 @@ def kill_run(tmp_path, durability: str, **kw):
     """One replica, two shards, a fixed number of steps, shard 1 killed at step 40: deterministic enough that the
     run always reaches the kill, and every push goes to both shards (the odd model's tensors span them)."""
     settings = dict(runtime="inprocess", replicas=1, shards=2, batch_size=64, max_steps=400, max_seconds=0,
-                    eval_every_seconds=3600, num_samples=2000, kill_shard_at_step=40, kill_shard_id=1,
+                    eval_every_seconds=3600, num_samples=2000,
                     durability=durability, checkpoint_every_seconds=0, out=str(tmp_path / durability))
     settings.update(kw)
-    return train_task(RunConfig(**settings), quiet=True).summary
+    faults = Faults(kill_shard_at_step=40, kill_shard_id=1)
+    return train_task(RunConfig(**settings), quiet=True, faults=faults).summary
 
 
 def test_snapshot_mode_reports_exactly_the_updates_it_lost(tmp_path):
@@ -46,6 +48,27 @@ def test_log_mode_loses_nothing(tmp_path):
     assert list((tmp_path / "log" / "checkpoints" / "shard-001").glob("wal-*.log"))
 
 
+def test_log_mode_recovery_is_bit_for_bit_the_undisturbed_run(tmp_path):
+    """The exact oracle for shard recovery: one replica (a deterministic schedule), shard 1 killed at step 40 and
+    rebuilt from its snapshot plus its log, the push that met the dead shard re-sent to the new one. The run ends
+    with exactly the parameters of the same run without the kill."""
+    import torch
+
+    settings = dict(runtime="inprocess", replicas=1, shards=2, batch_size=64, max_steps=120, max_seconds=0,
+                    eval_every_seconds=3600, num_samples=2000, durability="log", checkpoint_every_seconds=0,
+                    checkpoint_every_updates=25)
+    killed = train_task(RunConfig(**settings, out=str(tmp_path / "killed")), quiet=True,
+                        faults=Faults(kill_shard_at_step=40, kill_shard_id=1))
+    undisturbed = train_task(RunConfig(**settings, out=str(tmp_path / "undisturbed")), quiet=True)
+    assert killed.summary["shard_restarts"] == 1 and undisturbed.summary["shard_restarts"] == 0
+    assert killed.summary["updates_lost"] == 0
+    assert killed.summary["updates_per_shard"] == undisturbed.summary["updates_per_shard"] == [120, 120]
+    assert torch.equal(killed.flat_params, undisturbed.flat_params)
+    # the fault is not part of the run's configuration: a resume of this run directory injects nothing
+    saved = (tmp_path / "killed" / "config.toml").read_text().splitlines()
+    assert saved and not [line for line in saved if line.startswith("kill")]
+
+
 def test_off_mode_writes_no_checkpoints_and_a_dead_shard_ends_the_run_with_a_clear_error(tmp_path):
     from distbelief.exceptions import RoleFailedError
 
@@ -73,7 +96,7 @@ def test_old_run_configs_with_wal_still_load():
     assert config_from({"wal": True}).durability == "log"
     assert config_from({"wal": False}).durability == "snapshot"
     assert config_from({"wal": False, "checkpoint_every_seconds": 0}).durability == "off"
-    with pytest.raises(Exception, match="kill_shard_at_step"):
+    with pytest.raises(Exception, match="kill_shard_after_s: fault injection is test tooling"):
         config_from({"kill_shard_after_s": 3})
 
 

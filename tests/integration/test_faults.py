@@ -3,17 +3,18 @@
 
 import pytest
 
-from distbelief import RunConfig
 from distbelief.api import train_task
+from tests.conftest import config_and_faults
 
 
 def shard_kill_config(tmp_path, runtime, **kw):
+    """``(config, faults)`` of a 2 x 2 run whose shard 1 is killed at step 40."""
     settings = dict(runtime=runtime, replicas=2, shards=2, batch_size=64, max_seconds=90, target_accuracy=0.78,
                     eval_every_seconds=2, kill_shard_at_step=40, kill_shard_id=1, checkpoint_every_seconds=1,
                     durability="log",
                     out=str(tmp_path / "run"))
     settings.update(kw)
-    return RunConfig(**settings)
+    return config_and_faults(**settings)
 
 
 def assert_recovered(summary, target=0.78):
@@ -28,7 +29,8 @@ def assert_recovered(summary, target=0.78):
 
 
 def test_inprocess_shard_killed_is_restored_from_checkpoint_and_log(tmp_path):
-    res = train_task(shard_kill_config(tmp_path, "inprocess", batch_size=32), quiet=True)
+    cfg, faults = shard_kill_config(tmp_path, "inprocess", batch_size=32)
+    res = train_task(cfg, quiet=True, faults=faults)
     assert_recovered(res.summary)
     assert (tmp_path / "run" / "checkpoints" / "shard-001").is_dir()
 
@@ -42,7 +44,7 @@ def test_ray_shard_process_killed_mid_run(tmp_path, attempt):
     # ~20k it takes), sooner than 0.78 on a busy 2-core box.
     # (More shard kills on Ray: the shared-memory plane's test in test_downpour_ray.py, partitioned runs in
     # test_partition_faults.py, Sandblaster in test_sandblaster_ray.py.)
-    res = train_task(shard_kill_config(tmp_path, "ray", kill_shard_at_step=40 + 80 * attempt, target_accuracy=0.72),
-                     quiet=True)
+    cfg, faults = shard_kill_config(tmp_path, "ray", kill_shard_at_step=40 + 80 * attempt, target_accuracy=0.72)
+    res = train_task(cfg, quiet=True, faults=faults)
     assert_recovered(res.summary, target=0.72)
     assert res.summary["shard_recovery_s"][0] < 30

@@ -10,8 +10,10 @@ import pytest
 import ray
 from ray.util import placement_group_table
 
-from distbelief import ConfigError, RunConfig
+from distbelief import ConfigError
 from distbelief.api import train_task
+from distbelief.testing import Faults
+from tests.conftest import config_and_faults
 
 # A replica group that waited out a receive timeout instead of failing at once would take at least
 # REMOTE_TIMEOUT_S to come back; a prompt failure + fresh group takes well under RECOVERY_BOUND_S.
@@ -21,13 +23,13 @@ RECOVERY_BOUND_S = {"inprocess": 10.0, "ray": 30.0}
 TARGET = {"inprocess": 0.6, "ray": 0.5}
 
 
-def partition_config(runtime: str, **kw) -> RunConfig:
-    """2 replicas x 2 partitions x 2 shards training lc1d on mnist1d."""
+def partition_config(runtime: str, **kw):
+    """``(config, faults)``: 2 replicas x 2 partitions x 2 shards training lc1d on mnist1d."""
     settings = dict(runtime=runtime, model="lc1d", replicas=2, partitions=2, shards=2, server_optimizer="adagrad",
                     lr=0.05, batch_size=64, max_seconds=120, target_accuracy=TARGET[runtime], eval_every_seconds=1,
                     remote_timeout_s=REMOTE_TIMEOUT_S)
     settings.update(kw)
-    return RunConfig(**settings)
+    return config_and_faults(**settings)
 
 
 def assert_group_restarted(summary: dict, runtime: str) -> None:
@@ -58,9 +60,10 @@ def test_kill_partition_id_errors_name_the_field():
     for bad in (dict(partitions=2, kill_partition_id=2), dict(partitions=1, kill_partition_id=0),
                 dict(partitions=2, kill_partition_id=-2)):
         with pytest.raises(ConfigError, match="kill_partition_id"):
-            RunConfig(model="lc1d", kill_replica_at_step=1, **bad).validate()
+            Faults(kill_replica_at_step=1, kill_partition_id=bad.pop("kill_partition_id")).validate(
+                replicas=2, shards=2, **bad)
     with pytest.warns(UserWarning, match="kill_partition_id has no effect"):
-        RunConfig(model="lc1d", partitions=2, kill_partition_id=1).validate()
+        Faults(kill_partition_id=1).validate(replicas=2, shards=2, partitions=2)
 
 
 # ---------------------------------------------------------------- in process (partitions as threads)
@@ -70,8 +73,9 @@ def test_kill_partition_id_errors_name_the_field():
 @pytest.mark.parametrize("partition_id", [0, 1])  # the head (it drives the lockstep) and a non-head partition
 def test_inprocess_partition_killed_restarts_its_group_not_the_job(partition_id):
     threads_before = {t.ident for t in threading.enumerate()}
-    res = train_task(partition_config("inprocess", kill_replica_at_step=30, kill_replica_id=1,
-                                      kill_partition_id=partition_id), quiet=True)
+    cfg, faults = partition_config("inprocess", kill_replica_at_step=30, kill_replica_id=1,
+                                   kill_partition_id=partition_id)
+    res = train_task(cfg, quiet=True, faults=faults)
     assert_group_restarted(res.summary, "inprocess")
     # The dead group's partition threads (and every other group's) were released, not left idling.
     deadline = time.monotonic() + 5
@@ -83,8 +87,9 @@ def test_inprocess_partition_killed_restarts_its_group_not_the_job(partition_id)
 
 @pytest.mark.timeout(120)
 def test_inprocess_shard_killed_during_partitioned_run():
-    res = train_task(partition_config("inprocess", kill_shard_at_step=30, kill_shard_id=1,
-                                      checkpoint_every_seconds=1, durability="log"), quiet=True)
+    cfg, faults = partition_config("inprocess", kill_shard_at_step=30, kill_shard_id=1,
+                                   checkpoint_every_seconds=1, durability="log")
+    res = train_task(cfg, quiet=True, faults=faults)
     assert_shard_recovered(res.summary)
 
 
@@ -120,8 +125,8 @@ class TestRayPartitionFaults:
         def snapshot(trainer, record):
             snapshots.append((record["wall_s"], *live_ray_state()))
 
-        res = train_task(partition_config("ray", kill_replica_at_step=30, kill_replica_id=1, kill_partition_id=1),
-                         quiet=True, callbacks=[snapshot])
+        cfg, faults = partition_config("ray", kill_replica_at_step=30, kill_replica_id=1, kill_partition_id=1)
+        res = train_task(cfg, quiet=True, callbacks=[snapshot], faults=faults)
         assert_group_restarted(res.summary, "ray")
         # Before the kill and after the restart: one placement group and two partition actors per replica, one
         # group actor per replica, one actor per shard -- the dead group left nothing behind.
@@ -137,6 +142,7 @@ class TestRayPartitionFaults:
 
     @pytest.mark.timeout(180)
     def test_ray_shard_process_killed_during_partitioned_run(self):
-        res = train_task(partition_config("ray", kill_shard_at_step=30, kill_shard_id=1, checkpoint_every_seconds=1,
-                                          durability="log"), quiet=True)
+        cfg, faults = partition_config("ray", kill_shard_at_step=30, kill_shard_id=1, checkpoint_every_seconds=1,
+                                       durability="log")
+        res = train_task(cfg, quiet=True, faults=faults)
         assert_shard_recovered(res.summary)

@@ -11,7 +11,6 @@ from distbelief import RunConfig
 from distbelief.api import train_task
 from distbelief.partition import PartitionedModel
 from distbelief.partition.executor import StepWorkerRecipe
-from distbelief.runtime.partition_groups import create_partition_group
 from distbelief.runtime.ray_runtime import RayRuntime
 from tests.unit.test_partition import STACKS, batch
 
@@ -37,7 +36,7 @@ def test_ray_partitions_outputs_and_gradients_equal_unpartitioned(name, P):
     runtime = RayRuntime(remote_timeout_s=60)
     shape, stack, _ = STACKS[name]
     model_fn = partial(PartitionedModel, shape, stack(), P)  # layers are plain picklable objects
-    role = create_partition_group(runtime, 0, StepWorkerRecipe(model_fn, loss_fn, seed=1), None, None, 1, P)
+    role = runtime.create_partition_group(0, StepWorkerRecipe(model_fn, loss_fn, seed=1), None, None, 1, P)
     try:
         answers = runtime.call(role, "broadcast", "step", x, y).result(60)
     finally:

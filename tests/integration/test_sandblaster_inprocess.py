@@ -10,6 +10,7 @@ from distbelief.api import train_task
 from distbelief.cli import main
 from distbelief.runtime.inprocess import InProcessRuntime
 from distbelief.sandblaster.lbfgs import LBFGSSettings
+from distbelief.testing import Faults
 from tests.integration.sandblaster_support import (
     CountingRuntime,
     build,
@@ -130,18 +131,24 @@ def test_trainer_restarts_a_killed_replica(toy_data):
     from tests.conftest import make_odd_model
 
     res = train(make_odd_model, toy_data[0], toy_data[1], quiet=True, runtime="inprocess", strategy="sandblaster",
-                replicas=2, shards=2, batch_size=256, portion_size=8, max_steps=6, max_seconds=0,
-                kill_replica_at_step=2, kill_replica_id=1, eval_every_seconds=1, portion_delay_s=0.002)
-    # killed during iteration 3 (after 2 finished), always before the run can end at iteration 6
+                replicas=2, shards=2, batch_size=256, portion_size=8, max_steps=10, max_seconds=0,
+                eval_every_seconds=1, faults=Faults(kill_replica_at_step=2, kill_replica_id=1, portion_delay_s=0.01))
+    # Killed during iteration 3 (after 2 finished). The replacement starts after its backoff (0.5 s, while the
+    # other replica goes on alone), well before the run ends: 7 more iterations of at least 16 portions x 10 ms.
     assert res.summary["replica_restarts"] == 1 and res.summary["replicas_lost"] == 0
-    assert res.summary["stop_reason"] == "step limit reached" and res.summary["iterations"] == 6
+    assert res.summary["stop_reason"] == "step limit reached" and res.summary["iterations"] == 10
 
 
-@pytest.mark.parametrize("field,value", [("portion_size", -1), ("history", 0), ("push_every_portions", -1),
-                                         ("straggler_slowdown", 0.5), ("straggler_id", 7)])
+@pytest.mark.parametrize("field,value", [("portion_size", -1), ("history", 0), ("push_every_portions", -1)])
 def test_bad_sandblaster_settings_name_the_field(field, value):
     with pytest.raises(ConfigError, match=f"^{field}:"):
         RunConfig(strategy="sandblaster", **{field: value}).validate()
+
+
+@pytest.mark.parametrize("field,value", [("straggler_slowdown", 0.5), ("straggler_id", 7), ("portion_delay_s", -1)])
+def test_bad_straggler_emulation_names_the_field(field, value):
+    with pytest.raises(ConfigError, match=f"^{field}:"):
+        Faults(**{field: value}).validate(replicas=2, shards=2, partitions=1)
 
 
 def test_cli_sandblaster_without_backup_tasks(tmp_path, capsys):

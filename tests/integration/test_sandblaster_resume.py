@@ -182,8 +182,7 @@ def test_a_damaged_state_file_falls_back_and_with_none_left_resume_is_refused(tm
 # ---------------------------------------------------------------------------- real processes
 CLI = ["train", "--runtime", "inprocess", "--strategy", "sandblaster", "--task", "mnist1d", "--model", "mlp-small",
        "--num-samples", "2000", "--batch-size", "1600", "--portion-size", "200", "--replicas", "2", "--shards", "2",
-       "--history", "5", "--max-steps", "1000", "--max-seconds", "0", "--eval-every-seconds", "0.3",
-       "--portion-delay-s", "0.01"]
+       "--history", "5", "--max-steps", "1000", "--max-seconds", "0", "--eval-every-seconds", "0.3"]
 
 
 def wait_for_evals(out, n: int, timeout_s: float = 120) -> None:

@@ -12,6 +12,7 @@ from distbelief.ps.checkpoint import CorruptCheckpoint, shard_dir
 from distbelief.ps.shard import ParameterShard
 from distbelief.runtime.inprocess import InProcessRuntime
 from distbelief.sandblaster.lbfgs import LBFGSSettings
+from distbelief.testing import Faults
 from tests.integration.sandblaster_support import build, logreg_data, logreg_model, reference_lbfgs
 
 ITERATIONS, HISTORY, SHARDS, REPLICAS = 12, 5, 3, 2
@@ -120,7 +121,7 @@ def test_trainer_fault_injection_restarts_a_killed_shard(toy_data, tmp_path):
 
     res = train(make_odd_model, toy_data[0], toy_data[1], quiet=True, runtime="inprocess", strategy="sandblaster",
                 replicas=2, shards=2, batch_size=256, portion_size=8, max_steps=6, max_seconds=0,
-                kill_shard_at_step=2, kill_shard_id=1, eval_every_seconds=1, portion_delay_s=0.002,
+                eval_every_seconds=1, faults=Faults(kill_shard_at_step=2, kill_shard_id=1, portion_delay_s=0.002),
                 out=str(tmp_path / "run"))
     s = res.summary
     # killed during iteration 3 (after 2 finished), always before the run can end at iteration 6

@@ -46,9 +46,8 @@ def check_event_files_match_metrics(run_dir, shards: int) -> list[dict]:
     sizes = ShardLayout.balanced(N_PARAMS, shards).sizes()
     rate_tags = ["bytes/pushed_per_s", "bytes/fetched_per_s"]
     rate_tags += [f"shard/{k}/updates_per_s" for k in range(shards)]
-    for tag in rate_tags:  # counters only grow here: one rate per record, the first against the start
+    for tag in rate_tags:  # one rate per record, the first against the start (values checked below)
         assert [e.step for e in scalars[tag]] == steps, tag
-        assert all(e.value >= 0 for e in scalars[tag]), tag
     assert steps == sorted(steps)
     assert all(0 <= e.value <= 1 for e in scalars["test/accuracy"])
     prev = {"wall_s": 0.0, "bytes_pushed": 0, "updates_per_shard": [0] * shards}

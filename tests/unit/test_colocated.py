@@ -14,7 +14,8 @@ import torch
 
 from distbelief.exceptions import RemoteTimeoutError
 from distbelief.ps.checkpoint import latest_good_checkpoint
-from distbelief.ps.colocated import ColocatedShard, ShardLock
+from distbelief.ps.colocated import ColocatedShard
+from distbelief.ps.sharedmem import ShardLock
 from distbelief.ps.optimizers import Adagrad
 from distbelief.ps.shard import Durability, ParameterShard
 

@@ -1,0 +1,36 @@
+"""A training job as the strategies receive it: the resolved config plus the user's model factory, data and loss."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch.utils.data import Dataset
+
+
+def materialize(data) -> Dataset:
+    """A Dataset from a Dataset or from a zero-argument factory returning one."""
+    if isinstance(data, Dataset) or not callable(data):
+        return data
+    return data()
+
+
+@dataclass
+class Job:
+    """What to train and how: the resolved config plus the user's model factory, data and loss."""
+
+    cfg: Any  # RunConfig
+    model_fn: Callable[[], torch.nn.Module]
+    train_data: Any  # Dataset or zero-arg factory
+    test_data: Dataset
+    loss_fn: Callable
+    threads: int
+    train_probe: Dataset | None = None  # a fixed sample of the training set for training accuracy (or None)
+    faults: Any = None  # distbelief.testing.Faults to inject (tests and benchmarks), or None
+
+    def __post_init__(self):
+        if self.faults is None:
+            from distbelief.testing.faults import Faults
+
+            self.faults = Faults()

@@ -1,0 +1,5 @@
+"""Test and benchmark tooling: fault injection and straggler emulation (not user settings; see faults.py)."""
+
+from distbelief.testing.faults import Faults
+
+__all__ = ["Faults"]

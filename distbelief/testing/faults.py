@@ -1,0 +1,70 @@
+"""Failures and slowdowns injected into a run, for tests and benchmarks.
+
+They are not part of a run's configuration (``distbelief train`` has no flag for them and config.toml never records
+them): a test or a benchmark passes them to the Python API, ``train(..., faults=Faults(...))`` or
+``train_task(cfg, faults=...)``. Every failure is injected at a step (or, for Sandblaster, an L-BFGS iteration)
+count of the whole run, never at a wall-clock time, so it lands at the same point of every run:
+
+- ``kill_replica_at_step`` / ``kill_replica_id``: kill that replica's process once the run's replicas have done
+  this many steps together (Downpour, sync, Hogwild, DDP; Sandblaster: iterations). ``kill_partition_id`` kills
+  only that partition of a model-parallel replica.
+- ``kill_shard_at_step`` / ``kill_shard_id``: kill that parameter shard's process the same way.
+- ``portion_delay_s``, ``straggler_id``, ``straggler_slowdown`` (Sandblaster): every portion takes at least
+  ``portion_delay_s``, and replica ``straggler_id`` takes ``straggler_slowdown`` times as long (emulating a slow
+  machine).
+
+Each fault fires once per run (not again after a resume).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import asdict, dataclass
+
+from distbelief.exceptions import ConfigError
+
+
+@dataclass(frozen=True)
+class Faults:
+    kill_replica_at_step: int = 0  # 0 = never
+    kill_replica_id: int = 0
+    kill_partition_id: int = -1  # -1 = the whole replica
+    kill_shard_at_step: int = 0  # 0 = never
+    kill_shard_id: int = 0
+    portion_delay_s: float = 0.0
+    straggler_id: int = -1  # -1 = none
+    straggler_slowdown: float = 1.0
+
+    def any(self) -> bool:
+        return self != Faults()
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def validate(self, replicas: int, shards: int, partitions: int) -> "Faults":
+        """Check the faults against the run they go into; ConfigError names the field."""
+        for name in ("kill_replica_at_step", "kill_shard_at_step", "kill_shard_id", "kill_replica_id"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ConfigError(name, f"must be an integer >= 0, got {v!r}")
+        if self.kill_replica_at_step and not 0 <= self.kill_replica_id < replicas:
+            raise ConfigError("kill_replica_id", f"must name a replica in [0, {replicas}), got "
+                                                 f"{self.kill_replica_id}")
+        if self.kill_partition_id != -1:
+            if partitions == 1 or not 0 <= self.kill_partition_id < partitions:
+                raise ConfigError("kill_partition_id", f"must name a partition in [0, {partitions}) of a "
+                                                       f"partitioned replica (partitions > 1), or be -1 (the whole "
+                                                       f"replica), got {self.kill_partition_id!r}")
+            if not self.kill_replica_at_step:
+                warnings.warn("kill_partition_id has no effect without kill_replica_at_step", stacklevel=2)
+        if self.kill_shard_at_step and not 0 <= self.kill_shard_id < shards:
+            raise ConfigError("kill_shard_id", f"must name a shard in [0, {shards}), got {self.kill_shard_id}")
+        if not (math.isfinite(self.portion_delay_s) and self.portion_delay_s >= 0):
+            raise ConfigError("portion_delay_s", f"must be >= 0, got {self.portion_delay_s!r}")
+        if not (math.isfinite(self.straggler_slowdown) and self.straggler_slowdown >= 1):
+            raise ConfigError("straggler_slowdown", f"must be >= 1 (a factor), got {self.straggler_slowdown!r}")
+        if not -1 <= self.straggler_id < replicas:
+            raise ConfigError("straggler_id", f"must name a replica in [0, {replicas}) or be -1 (none), got "
+                                              f"{self.straggler_id}")
+        return self
