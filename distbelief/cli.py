@@ -52,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="distbelief",
         description="DistBelief for PyTorch: Downpour SGD on a sharded parameter server, on Ray.",
     )
+    from distbelief import __version__
+
+    parser.add_argument("--version", action="version", version=f"distbelief {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_train(sub)
     p = sub.add_parser("bench", help="rerun the paper's Figures 3-5, or the throughput of the defaults, on this "

@@ -147,6 +147,9 @@ class RunConfig:
         if self.address and self.strategy in LOCAL_STRATEGIES:
             raise ConfigError("address", f"the {self.strategy} baseline runs its workers on this machine; drop "
                                          f"--address")
+        if self.address and self.strategy == "sgd" and self.partitions == 1:
+            raise ConfigError("address", "single-process sgd runs in this process; drop --address (or add "
+                                         "--partitions P to spread its one replica over the cluster)")
         if self.address and self.runtime != "ray":
             raise ConfigError("address", "--address needs the ray runtime (runtime = \"ray\")")
         return self
@@ -343,8 +346,32 @@ def config_from(values: dict[str, Any], base: RunConfig | None = None) -> RunCon
     return cfg
 
 
+# The sections of a TOML config and the settings each holds. A file may also name any setting at its top level
+# (a run directory's config.toml does); in a section, a setting must be one of that section's.
+SECTIONS: dict[str, tuple[str, ...]] = {
+    "task": ("task", "model", "num_samples", "num_classes", "class_prior"),
+    "run": ("strategy", "replicas", "shards", "partitions", "batch_size", "lr", "seed", "out", "tensorboard",
+            "runtime", "threads", "init_params"),
+    "stop": ("max_steps", "max_seconds", "target_accuracy"),
+    "downpour": ("fetch_every", "push_every", "server_optimizer", "local_lr", "adagrad_eps",
+                 "adagrad_initial_accumulator", "overlap", "warmstart_steps", "max_replica_restarts"),
+    "sandblaster": ("portion_size", "history", "push_every_portions", "backup_tasks"),
+    "eval": ("eval_every_seconds", "evaluation", "eval_samples", "train_eval_samples"),
+    "durability": ("durability", "checkpoint_every_seconds", "checkpoint_every_updates", "log_max_mb",
+                   "max_shard_restarts"),
+    "cluster": ("address", "remote_timeout_s"),
+}
+
+
+def section_of(name: str) -> str | None:
+    return next((sec for sec, names in SECTIONS.items() if name in names), None)
+
+
 def load_toml(path: str | Path) -> dict[str, Any]:
-    """Read a TOML config; tables (e.g. ``[downpour]``) are flattened into the one namespace."""
+    """Read a TOML config into one namespace of settings. Settings may sit at the top level or in their section
+    (``[downpour]``, ``[sandblaster]``, ... see SECTIONS); an unknown section, or a setting in a section that is
+    not its own, is a ConfigError naming the file, the section and the key (it would otherwise silently set the
+    setting for every strategy)."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError("config", f"no such file: {p}")
@@ -354,8 +381,19 @@ def load_toml(path: str | Path) -> dict[str, Any]:
         raise ConfigError("config", f"{p} is not valid TOML: {e}") from None
     flat: dict[str, Any] = {}
     for k, v in data.items():
-        if isinstance(v, dict):
-            flat.update(v)
-        else:
+        if not isinstance(v, dict):
             flat[k] = v
+            continue
+        if k not in SECTIONS:
+            raise ConfigError("config", f"{p}: unknown section [{k}]; sections are "
+                                        f"{', '.join(f'[{s}]' for s in SECTIONS)}")
+        for key, value in v.items():
+            name = key.replace("-", "_")
+            if name not in SECTIONS[k]:
+                home = section_of(name)
+                where = f"it belongs in [{home}]" if home else "it is not a setting"
+                raise ConfigError("config", f"{p}: [{k}] {key}: {where}")
+            if name in flat:
+                raise ConfigError("config", f"{p}: {key} is set twice")
+            flat[name] = value
     return flat

@@ -68,6 +68,30 @@ def started_locally() -> bool:
         ray.get_runtime_context().get_node_id() == _local_node_id)
 
 
+def use_token_if_available() -> bool:
+    """Token authentication for joining a cluster with ``--address``, the way a local Ray does it.
+
+    ``ray start --head`` (Ray >= 2.59) turns token authentication on, and ``ray start`` and a local ``ray.init()``
+    use the token found in ``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``; but Ray's
+    ``ray.init(address=...)`` does not look unless ``RAY_AUTH_MODE=token`` is set, and without it the cluster
+    refuses the connection. So: when the mode is unset and a token is there, use it. An explicit
+    ``RAY_AUTH_MODE`` is respected. True when token authentication is on."""
+    mode = os.environ.get("RAY_AUTH_MODE")
+    if mode is not None:
+        return mode.lower() == "token"
+    token_file = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.join(os.path.expanduser("~"), ".ray", "auth_token")
+    if not (os.environ.get("RAY_AUTH_TOKEN") or os.path.isfile(token_file)):
+        return False
+    try:  # Ray's own switch (it also refreshes Ray's cached configuration); pinned Ray version
+        from ray._private.authentication.authentication_token_setup import (
+            maybe_enable_token_auth_if_token_available)
+
+        return maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+    except ImportError:
+        os.environ["RAY_AUTH_MODE"] = "token"
+        return True
+
+
 def connect(address: str | None = None, num_cpus: int | None = None) -> None:
     """Start (or join) Ray once per process. A Ray already initialised by the caller is reused as it is."""
     global _local_node_id
@@ -76,7 +100,18 @@ def connect(address: str | None = None, num_cpus: int | None = None) -> None:
     common = dict(logging_level="WARNING", log_to_driver=True, configure_logging=True)
     if address:
         _check_reachable(address)
-        ray.init(address=address, **common)
+        token = use_token_if_available()
+        try:
+            ray.init(address=address, **common)
+        except (ConnectionError, RuntimeError) as e:
+            if "auth" not in str(e).lower() and "token" not in str(e).lower():
+                raise
+            hint = ("the token this machine has was refused: copy the cluster's (`ray get-auth-token` on its head "
+                    "node) to ~/.ray/auth_token" if token else
+                    "it requires token authentication: copy its token (`ray get-auth-token` on its head node) to "
+                    "~/.ray/auth_token, or set RAY_AUTH_TOKEN")
+            raise ClusterUnreachableError(f"could not join the Ray cluster at --address {address}: {hint} "
+                                          f"({e})") from None
     else:
         ray.init(
             # "local": always a fresh instance of our own, never a cluster someone left running on this machine

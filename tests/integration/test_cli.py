@@ -46,13 +46,19 @@ def test_unknown_choice_and_unknown_config_key(tmp_path):
     assert r.returncode == 2 and "replicass: unknown setting" in r.stderr
 
 
-def test_help_documents_every_required_option():
-    r = subprocess.run(PY + ["train", "--help"], capture_output=True, text=True, timeout=60)
-    for opt in ["--task", "--model", "--strategy", "--replicas", "--shards", "--fetch-every", "--push-every",
-                "--server-optimizer", "--lr", "--local-lr", "--batch-size", "--warmstart-steps", "--max-steps",
-                "--max-seconds", "--target-accuracy", "--eval-every-seconds", "--seed", "--out", "--address",
-                "--config"]:
-        assert opt in r.stdout
+def test_every_setting_has_a_flag_and_the_version_is_printed():
+    import dataclasses
+
+    from distbelief import RunConfig, __version__
+    from distbelief.cli import build_parser
+
+    train_parser = build_parser()._subparsers._group_actions[0].choices["train"]
+    flags = {s for a in train_parser._actions for s in a.option_strings}
+    for f in dataclasses.fields(RunConfig):  # a setting without a flag could only be set from a file
+        name = f"--{f.name.replace('_', '-')}"
+        assert name in flags or f"--no-{f.name.replace('_', '-')}" in flags, name
+    r = subprocess.run(PY + ["--version"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == f"distbelief {__version__}"
 
 
 def test_train_with_config_and_overrides_then_plot(tmp_path):
