@@ -8,7 +8,8 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-from distbelief.config import FIELD_HELP, LOCAL_STRATEGIES, RunConfig, config_from, load_toml, saved_run_values
+from distbelief.config import (APPLIES_TO, FIELD_HELP, LOCAL_STRATEGIES, SECTIONS, RunConfig, config_from,
+                               ignored_by_strategy, load_toml, saved_run_values, section_of)
 from distbelief.exceptions import ClusterUnreachableError, ConfigError, DistBeliefError
 
 CHOICES = {
@@ -21,6 +22,18 @@ CHOICES = {
 }
 
 
+SECTION_TITLES = {
+    "task": "task and model",
+    "run": "run (strategy, replicas, shards, partitions, rate, batch)",
+    "stop": "when to stop",
+    "downpour": "Downpour (and sync, sgd: the update rule)",
+    "sandblaster": "Sandblaster L-BFGS",
+    "eval": "evaluation",
+    "durability": "shard durability",
+    "cluster": "cluster",
+}
+
+
 def _add_train(sub) -> None:
     p = sub.add_parser(
         "train",
@@ -28,22 +41,28 @@ def _add_train(sub) -> None:
         description="Train a shipped task/model with Downpour SGD, Sandblaster L-BFGS, synchronous data "
         "parallelism or single-process SGD. Settings come from --config (TOML) and are overridden by options.",
     )
-    p.add_argument("--config", help="TOML file with settings (keys are the option names with underscores)")
+    p.add_argument("--config", help="TOML file with settings: the option names with underscores, at the top "
+                                    "level or in their section ([task], [run], ... as the groups below say)")
     p.add_argument("--resume", metavar="RUN_DIR",
                    help="continue a stopped or killed run from its checkpoints (its config.toml is the base; "
                         "options override it, e.g. --max-seconds or --shards to reshard)")
     defaults = RunConfig()
-    for f in fields(RunConfig):
+    # One help group per TOML section, in the sections' order (config.SECTIONS).
+    groups = {sec: p.add_argument_group(title, f"TOML section [{sec}]")
+              for sec, title in SECTION_TITLES.items()}
+    order = {name: i for i, name in enumerate(n for names in SECTIONS.values() for n in names)}
+    for f in sorted(fields(RunConfig), key=lambda f: order[f.name]):
+        g = groups[section_of(f.name)]
         flag = "--" + f.name.replace("_", "-")
         help_text = FIELD_HELP.get(f.name, "") + f" [default: {getattr(defaults, f.name)!r}]"
         if f.type in (bool, "bool"):
             on = getattr(defaults, f.name)
-            p.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
+            g.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
                            help=FIELD_HELP.get(f.name, "") + f" [default: {'on' if on else 'off'}, "
                            f"--{'no-' if on else ''}{f.name.replace('_', '-')} to turn it {'off' if on else 'on'}]")
         else:
             # Values are parsed and validated by RunConfig so that errors name the setting consistently.
-            p.add_argument(flag, dest=f.name, default=None, metavar=f.name.upper(), help=help_text,
+            g.add_argument(flag, dest=f.name, default=None, metavar=f.name.upper(), help=help_text,
                            choices=CHOICES.get(f.name))
 
 
@@ -103,6 +122,10 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         if v is not None:
             values[f.name] = v
     cfg = config_from(values)
+    if not args.resume:  # a resumed run's config.toml holds every setting, used or not
+        for name in ignored_by_strategy(values, cfg.strategy):
+            print(f"distbelief: warning: --{name.replace('_', '-')} has no effect with --strategy {cfg.strategy} "
+                  f"(it is read by: {', '.join(APPLIES_TO[name])})", file=sys.stderr)
     if not cfg.out:
         from distbelief.metrics import default_run_dir
 

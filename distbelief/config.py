@@ -367,6 +367,23 @@ def section_of(name: str) -> str | None:
     return next((sec for sec, names in SECTIONS.items() if name in names), None)
 
 
+# Settings that only some strategies read (the others would silently ignore them).
+_DOWNPOUR_ONLY = ("fetch_every", "push_every", "local_lr", "overlap", "warmstart_steps")
+_WITH_SERVER = ("downpour", "sync", "sandblaster")  # strategies with parameter shards
+APPLIES_TO: dict[str, tuple[str, ...]] = {
+    **{name: ("downpour",) for name in _DOWNPOUR_ONLY},
+    **{name: ("sandblaster",) for name in SECTIONS["sandblaster"]},
+    **{name: _WITH_SERVER for name in SECTIONS["durability"]},
+    **{name: ("sgd", "sync", "downpour", "hogwild", "ddp")
+       for name in ("server_optimizer", "lr", "adagrad_eps", "adagrad_initial_accumulator")},
+}
+
+
+def ignored_by_strategy(names, strategy: str) -> list[str]:
+    """Of the settings ``names`` (those a user set), the ones ``strategy`` does not read."""
+    return [n for n in names if n in APPLIES_TO and strategy not in APPLIES_TO[n]]
+
+
 def load_toml(path: str | Path) -> dict[str, Any]:
     """Read a TOML config into one namespace of settings. Settings may sit at the top level or in their section
     (``[downpour]``, ``[sandblaster]``, ... see SECTIONS); an unknown section, or a setting in a section that is

@@ -130,8 +130,8 @@ class ParameterShard(DurableShard, VectorAlgebra):
     def share(self, base: str, timeout_s: float = 120.0) -> dict | None:
         """Move this shard's state into shared memory (files ``<base>-s<id>-...``, ``base`` a path prefix in
         /dev/shm) so that replicas on this machine apply their pushes to it themselves (ps/colocated.py);
-        returns what they need to map it, the same on every call. None when this shard cannot be shared: a vector-only shard, or one that
-        logs every push (``--durability log``)."""
+        returns what they need to map it, the same on every call. None when this shard cannot be shared: a
+        vector-only shard, or one that logs every push (``--durability log``)."""
         if self.optimizer is None or self._wal is not None:
             return None
         if self._shared is None:

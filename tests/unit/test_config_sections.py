@@ -54,3 +54,13 @@ def test_single_machine_baselines_refuse_an_address(strategy):
         RunConfig(strategy=strategy, address="10.0.0.5:6379").validate()
     if strategy == "sgd":  # one replica over P partitions is placed on the cluster
         RunConfig(strategy="sgd", model="lc1d", partitions=2, address="10.0.0.5:6379").validate()
+
+
+def test_settings_the_strategy_does_not_read_are_named():
+    from distbelief.config import ignored_by_strategy
+
+    typed = ["replicas", "portion_size", "fetch_every", "durability", "lr"]
+    assert ignored_by_strategy(typed, "downpour") == ["portion_size"]
+    assert ignored_by_strategy(typed, "sandblaster") == ["fetch_every", "lr"]
+    assert ignored_by_strategy(typed, "hogwild") == ["portion_size", "fetch_every", "durability"]
+    assert ignored_by_strategy(["server_optimizer", "history"], "sandblaster") == ["server_optimizer"]
