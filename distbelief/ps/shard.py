@@ -135,13 +135,17 @@ class ParameterShard(DurableShard, VectorAlgebra):
         if self.optimizer is None or self._wal is not None:
             return None
         if self._shared is None:
-            from distbelief.ps.sharedmem import COUNTERS_FILE, ShardLock, create_storage
+            from distbelief.ps.sharedmem import COUNTERS_FILE, ShardLock, create_storage, remove_older
 
             self._writer.wait()  # a snapshot in flight reads our buffers, not the state: safe, but keep it simple
-            base = f"{base}-s{self.shard_id}-{time.monotonic_ns():x}"
+            mine = f"{base}-s{self.shard_id}-{time.monotonic_ns():x}"
             arrays = {PARAMS: self._params_np, COUNTERS_FILE: self._ctr}
             arrays.update({f"opt.{k}": v.numpy() for k, v in self.opt_state.items() if not k.startswith("tmp")})
-            files, maps = create_storage(base, arrays)
+            files, maps = create_storage(mine, arrays)
+            # The state a dead predecessor of this shard left behind is garbage now (what replicas applied to it
+            # after its last snapshot is counted lost): unlink it, so that repeated restarts do not fill
+            # /dev/shm. Replicas still mapping it keep their mapping until they switch to us.
+            remove_older(f"{base}-s{self.shard_id}-", keep=mine)
             self._bind(maps)
             lock_path = files[COUNTERS_FILE][0]
             self.lock = ShardLock(lock_path, timeout_s)

@@ -6,6 +6,7 @@ Used by ``ParameterShard.share`` (which moves a shard's state here) and ``ps/col
 from __future__ import annotations
 
 import fcntl
+import glob
 import os
 import threading
 import time
@@ -93,3 +94,17 @@ def open_storage(files: dict) -> dict[str, np.ndarray]:
     """Map the shared files described by ``create_storage``'s ``files`` (read-write)."""
     return {name: np.memmap(path, dtype=np.dtype(dtype), mode="r+", shape=(size,))
             for name, (path, dtype, size) in files.items()}
+
+
+def remove_older(prefix: str, keep: str) -> list[str]:
+    """Unlink the files named ``prefix*`` except those of ``keep`` (a longer prefix); returns what was removed."""
+    removed = []
+    for path in glob.glob(glob.escape(prefix) + "*"):
+        if not path.startswith(keep):
+            try:
+                os.unlink(path)
+                removed.append(path)
+            except OSError:
+                pass
+    return removed
+

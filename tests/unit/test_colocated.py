@@ -119,3 +119,14 @@ def test_the_lock_excludes_another_process_and_dies_with_its_holder(tmp_path):
     # the owner can take it again: nobody holds it
     v, _, _ = ColocatedShard(descriptor).push_fetch(pushes(1)[0], 0, 8, None)
     assert v == 1
+
+
+def test_a_restarted_shard_removes_the_state_its_dead_predecessor_shared(tmp_path):
+    base = str(tmp_path / "run")
+    old = shard().share(base)
+    other = ParameterShard(2, 30, 50, np.zeros(20, dtype=np.float32), Adagrad(lr=0.1), TOTAL).share(base)
+    col = ColocatedShard(old)  # a replica still mapping the old state keeps working on it until it switches
+    new = shard().share(base)  # the replacement of shard 1
+    assert all(not os.path.exists(p) for p, _, _ in old["files"].values())
+    assert all(os.path.exists(p) for d in (new, other) for p, _, _ in d["files"].values())
+    assert col.push_fetch(pushes(1)[0], 0, 8, None)[0] == 1
