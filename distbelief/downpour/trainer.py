@@ -450,6 +450,10 @@ class ParameterServerTrainer:
                              f"continuing with {alive} replicas")
             return
         st.future = None
+        self._schedule_restart(st)
+
+    def _schedule_restart(self, st: _ReplicaState) -> None:
+        """Restart this failed replica once its backoff is over (``_restart_due``); nothing waits for it."""
         st.failed_at = time.monotonic()
         st.restart_at = st.failed_at + self.policy.backoff(st.restarts)
 
@@ -666,8 +670,7 @@ class ParameterServerTrainer:
             st.alive = False
             self.replicas_lost += 1
             return
-        st.failed_at = time.monotonic()
-        st.restart_at = st.failed_at + self.policy.backoff(st.restarts)
+        self._schedule_restart(st)
 
     def _stop_all_replicas(self) -> None:
         futs = []

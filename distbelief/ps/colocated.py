@@ -35,13 +35,11 @@ class ColocatedShard:
     produced (the client reports it when the shard is replaced, to count the updates a failure lost)."""
 
     def __init__(self, descriptor: dict, timeout_s: float = 120.0):
-        self.descriptor = descriptor
-        self.lock = ShardLock(descriptor["lock"], timeout_s)
         d = descriptor
+        self.lock = ShardLock(d["lock"], timeout_s)
         # The same object the shard's process runs, over the same memory: the push path is shared code.
         self.view = ParameterShard(d["shard_id"], d["lo"], d["hi"], None, d["optimizer"], d["total"],
                                    storage=open_storage(d["files"]), lock=self.lock)
-        self.lo, self.hi = d["lo"], d["hi"]
         self.every_updates, self.every_seconds = d["every_updates"], d["every_seconds"]
         self.acked = 0
 

@@ -94,6 +94,8 @@ class ParameterShard(DurableShard, VectorAlgebra):
             self._ctr = np.zeros(len(_COUNTER_SLOTS), dtype=np.int64)
             for name in self.COUNTERS:
                 setattr(self, name, int((counters or {}).get(name, 0)))
+            self._last_ckpt_version = self.version
+            self._last_ckpt_time_ns = time.monotonic_ns()
         self.restored_from_version = -1
         self.replayed_updates = 0
         self.corrupt_checkpoints: list[str] = []
@@ -104,9 +106,6 @@ class ParameterShard(DurableShard, VectorAlgebra):
         self.duplicate_pushes = 0
         self.durability = durability
         self._wal = None
-        if storage is None:
-            self._last_ckpt_version = self.version
-            self._last_ckpt_time_ns = time.monotonic_ns()
         self._writer = SnapshotWriter()
         self._snap_bufs: dict[str, torch.Tensor] = {}  # reused by every background snapshot
         self.snapshot_s = 0.0  # time the push path spent copying state for background snapshots
@@ -167,12 +166,9 @@ class ParameterShard(DurableShard, VectorAlgebra):
     # ------------------------------------------------------------------ Downpour
     def fetch(self, replica_id: int = -1) -> tuple[np.ndarray, int]:
         """The live parameter slice and its version. Callers in the same process must copy it."""
-        if self._shared:  # co-located replicas write it meanwhile: a copy taken under the lock
-            with self.lock:
-                self.bytes_fetched += self._params_np.nbytes
-                return self._params_np.copy(), self.version
-        self.bytes_fetched += self._params_np.nbytes
-        return self._params_np, self.version
+        with self.lock:  # shared: co-located replicas write it meanwhile, so a copy taken under the lock
+            self.bytes_fetched += self._params_np.nbytes
+            return (self._params_np.copy() if self._shared else self._params_np), self.version
 
     def fetch_range(self, lo: int, hi: int, replica_id: int = -1) -> tuple[int, np.ndarray, int]:
         """Our part of the flat range ``[lo, hi)``: ``(start, values, version)``, ``values`` covering

@@ -14,9 +14,9 @@ import time
 import numpy as np
 
 from distbelief.exceptions import RemoteTimeoutError
+from distbelief.runtime import shm
 
 COUNTERS_FILE = "counters"
-PARAMS_FILE = "params"
 
 
 class ShardLock:
@@ -98,13 +98,5 @@ def open_storage(files: dict) -> dict[str, np.ndarray]:
 
 def remove_older(prefix: str, keep: str) -> list[str]:
     """Unlink the files named ``prefix*`` except those of ``keep`` (a longer prefix); returns what was removed."""
-    removed = []
-    for path in glob.glob(glob.escape(prefix) + "*"):
-        if not path.startswith(keep):
-            try:
-                os.unlink(path)
-                removed.append(path)
-            except OSError:
-                pass
-    return removed
+    return shm.unlink_quietly(p for p in glob.glob(glob.escape(prefix) + "*") if not p.startswith(keep))
 

@@ -321,6 +321,10 @@ class RayShardClient(ShardClient):
             self.shm_paths = {"fetch": f"{base}-fetch", "push0": f"{base}-push0", "push1": f"{base}-push1"}
             self._shm_bufs = {k: shm.create(p, layout.total) for k, p in self.shm_paths.items()}
             self._next_push_buf = 0
+            # What a fetch returns: each shard's range of the fetch buffer (views, fixed for the buffer's life).
+            fetch_buf = self._shm_bufs["fetch"]
+            self._fetch_parts = [(lo, fetch_buf[lo:hi])
+                                 for lo, hi in map(layout.range, range(len(self.handles)))]
         # Co-located updates (ps/colocated.py): on one machine, apply our pushes to the shards' memory ourselves.
         self.shm_base = f"{shm.SHM_DIR}/{shm_prefix}" if shm_prefix else None  # where shared shards put state
         self.colocated: list | None = None
@@ -334,7 +338,9 @@ class RayShardClient(ShardClient):
                 self.colocated = [ColocatedShard(d, timeout_s) for d in descriptors]
 
     # -- co-located updates: every shard's update and read happen here, under its lock (ps/colocated.py)
-    def _colocated_step(self, grad, versions, num_examples: int, out) -> Future:
+    def _colocated_step(self, grad, versions, num_examples: int, out) -> tuple[list[int], list[int]]:
+        """Push ``grad`` (None: none) to every shard and copy its parameters into ``out`` (None: no fetch);
+        ``(versions after the push, versions copied)``."""
         if self._broken is not None:
             raise self._broken
         g = None if grad is None else (grad.numpy() if hasattr(grad, "numpy") else grad)
@@ -375,21 +381,19 @@ class RayShardClient(ShardClient):
         return old
 
     def fetch_async(self) -> Future:
-        los = [self.layout.range(k)[0] for k in range(len(self.handles))]
         if self.colocated is not None:
-            buf = self._shm_bufs["fetch"]
-            _, versions = self._colocated_step(None, None, 0, buf)
-            return Done(([(lo, buf[lo:hi]) for lo, hi in map(self.layout.range, range(len(self.handles)))],
-                         versions))
+            _, versions = self._colocated_step(None, None, 0, self._shm_bufs["fetch"])
+            return Done((self._fetch_parts, versions))
         if self.shm_paths:
-            buf, n = self._shm_bufs["fetch"], len(self.handles)
-            bounds = [self.layout.range(k) for k in range(n)]
+            n = len(self.handles)
 
             def from_buffer(versions):  # the caller copies these views before it fetches again
-                return [(lo, buf[lo:hi]) for lo, hi in bounds], list(versions)
+                return self._fetch_parts, list(versions)
 
             return _ShardCalls(self, "fetch", [(self.shm_paths["fetch"], self.layout.total, self.replica_id)] * n,
                                transform=from_buffer, actor_method="fetch_shm")
+
+        los = [self.layout.range(k)[0] for k in range(len(self.handles))]
 
         def split(values):
             return [(lo, v[0]) for lo, v in zip(los, values)], [v[1] for v in values]
@@ -403,10 +407,8 @@ class RayShardClient(ShardClient):
 
     def push_fetch_async(self, grad, versions, num_examples: int) -> Future:
         if self.colocated is not None:
-            buf = self._shm_bufs["fetch"]
-            _, fetched = self._colocated_step(grad, versions, num_examples, buf)
-            return Done(([(lo, buf[lo:hi]) for lo, hi in map(self.layout.range, range(len(self.handles)))],
-                         fetched))
+            _, fetched = self._colocated_step(grad, versions, num_examples, self._shm_bufs["fetch"])
+            return Done((self._fetch_parts, fetched))
         if not self.shm_paths:
             return super().push_fetch_async(grad, versions, num_examples)
         g = grad.numpy() if hasattr(grad, "numpy") else grad
@@ -414,12 +416,10 @@ class RayShardClient(ShardClient):
         push_args = self._shm_push_args("push0", g, vs, num_examples, self.next_seq())
         self._next_push_buf = 1  # a plain push after this one must not reuse push0 while a shard may read it
         args = [(a[0], self.shm_paths["fetch"], *a[1:]) for a in push_args]
-        fetch_buf = self._shm_bufs["fetch"]
-        bounds = [self.layout.range(k) for k in range(len(self.handles))]
 
         def unpack(replies):
             self._ack([r[0] for r in replies])
-            return [(lo, fetch_buf[lo:hi]) for lo, hi in bounds], [r[1] for r in replies]
+            return self._fetch_parts, [r[1] for r in replies]
 
         return _ShardCalls(self, "push+fetch", args, transform=unpack, actor_method="push_fetch_shm")
 

@@ -61,11 +61,17 @@ def create(path: str, size: int) -> np.ndarray:
 def remove_stale() -> list[str]:
     """Remove the buffers of runtimes whose process is gone (a driver killed with SIGKILL cannot remove its own);
     returns the paths removed. The pid in a prefix names the runtime's process (new_prefix)."""
+    def stale(path: str) -> bool:
+        pid = os.path.basename(path).split("-")[1]
+        return pid.isdigit() and not _alive(int(pid))
+
+    return unlink_quietly(p for p in glob.glob(os.path.join(SHM_DIR, "distbelief-*-*")) if stale(p))
+
+
+def unlink_quietly(paths) -> list[str]:
+    """Unlink each path, skipping those already gone (or not ours to remove); returns the ones removed."""
     removed = []
-    for p in glob.glob(os.path.join(SHM_DIR, "distbelief-*-*")):
-        pid = os.path.basename(p).split("-")[1]
-        if not pid.isdigit() or _alive(int(pid)):
-            continue
+    for p in paths:
         try:
             os.unlink(p)
             removed.append(p)
@@ -85,11 +91,7 @@ def _alive(pid: int) -> bool:
 
 
 def remove_all(prefix: str) -> None:
-    for p in glob.glob(os.path.join(SHM_DIR, glob.escape(prefix) + "-*")):
-        try:
-            os.unlink(p)
-        except OSError:
-            pass
+    unlink_quietly(glob.glob(os.path.join(SHM_DIR, glob.escape(prefix) + "-*")))
 
 
 class Attached:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from distbelief.exceptions import ConfigError
 
@@ -35,12 +35,6 @@ class Faults:
     portion_delay_s: float = 0.0
     straggler_id: int = -1  # -1 = none
     straggler_slowdown: float = 1.0
-
-    def any(self) -> bool:
-        return self != Faults()
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
     def validate(self, replicas: int, shards: int, partitions: int) -> "Faults":
         """Check the faults against the run they go into; ConfigError names the field."""
