@@ -24,7 +24,10 @@ import json, os, sys
 import ray
 from distbelief import RunConfig
 from distbelief.api import train_task
-from distbelief.bench.accuracy import FULL, method_settings
+try:
+    from distbelief.bench.recipes import FULL, method_settings
+except ImportError:  # a checkout from before the recipes had a module of their own
+    from distbelief.bench.accuracy import FULL, method_settings
 cfg = dict(method_settings(FULL, "downpour-adagrad", 2), max_seconds=float(sys.argv[1]))
 ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, logging_level="ERROR")
 s = train_task(RunConfig(**cfg), quiet=True).summary

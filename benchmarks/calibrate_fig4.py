@@ -1,4 +1,4 @@
-"""Calibration behind the Fig. 4/5 recipe (distbelief/bench/accuracy.py::FULL): which rates, cadences and target.
+"""Calibration behind the Fig. 4/5 recipe (distbelief/bench/recipes.toml, [full]): which rates, cadences and target.
 
     .venv/bin/python benchmarks/calibrate_fig4.py --seconds 150 [--variants NAME ...]
 
@@ -17,8 +17,10 @@ import json
 import time
 from pathlib import Path
 
-from distbelief.bench.accuracy import FULL, Sweep, method_settings, series_of
 from distbelief.bench.machine import machine_info
+from distbelief.bench.recipes import FULL, method_settings
+from distbelief.bench.sweep import Sweep
+from distbelief.bench.targets import series_of
 
 TARGETS = (0.12, 0.13, 0.14, 0.15, 0.16, 0.17, 0.18)
 

@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from distbelief.bench.accuracy import time_to_target
+from distbelief.bench.targets import time_to_target
 
 
 def _s(v, fmt="{:.1f}", missing="missed"):

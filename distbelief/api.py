@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from distbelief.config import LOCAL_STRATEGIES, RunConfig, config_from
 from distbelief.exceptions import ConfigError
 from distbelief.metrics import DIVERGENCE_CEILING, RunRecorder
+from distbelief.summary import RunSummary
 
 
 @dataclass
@@ -184,7 +185,8 @@ def train(
 
 
 def _run_strategy(job, recorder, runtime, resume: bool, callbacks) -> tuple[dict, "torch.Tensor"]:
-    """Run ``job`` with its strategy (on ``runtime``, or one made and shut down here); ``(summary, flat)``."""
+    """Run ``job`` with its strategy (on ``runtime``, or one made and shut down here); ``(summary, flat)``, the
+    summary as ``summary.json`` holds it."""
     cfg = job.cfg
     if cfg.strategy == "sgd" and cfg.partitions > 1:
         # the paper's single replica split over P partition workers, no parameter server
@@ -199,11 +201,11 @@ def _run_strategy(job, recorder, runtime, resume: bool, callbacks) -> tuple[dict
             if own_runtime:
                 runtime.shutdown()
     elif cfg.strategy == "sgd":
-        from distbelief.baselines import run_single_process
+        from distbelief.baselines.single import run_single_process
 
         summary, flat = run_single_process(job, recorder)
     elif cfg.strategy in LOCAL_STRATEGIES:
-        from distbelief.baselines_mp import run_ddp, run_hogwild
+        from distbelief.baselines.multiprocess import run_ddp, run_hogwild
 
         run = run_hogwild if cfg.strategy == "hogwild" else run_ddp
         summary, flat = run(job, recorder, callbacks=callbacks)
@@ -219,6 +221,10 @@ def _run_strategy(job, recorder, runtime, resume: bool, callbacks) -> tuple[dict
                 from distbelief.sandblaster.trainer import SandblasterTrainer
 
                 trainer = SandblasterTrainer(job, runtime, recorder, resume=resume)
+            elif cfg.strategy == "sync":
+                from distbelief.downpour.sync import SyncTrainer
+
+                trainer = SyncTrainer(job, runtime, recorder, resume=resume, callbacks=callbacks)
             else:
                 from distbelief.downpour.trainer import ParameterServerTrainer
 
@@ -229,6 +235,8 @@ def _run_strategy(job, recorder, runtime, resume: bool, callbacks) -> tuple[dict
         finally:
             if own_runtime:
                 runtime.shutdown()
+    if isinstance(summary, RunSummary):
+        summary = summary.to_dict()
     return summary, flat
 
 

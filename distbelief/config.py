@@ -1,19 +1,35 @@
-"""The run configuration: one typed, validated dataclass; TOML files and command-line overrides map onto it.
+"""The run configuration: one typed dataclass, its normalisation and its validation; TOML files and command-line
+overrides map onto it (``config_from``; reading the files is ``distbelief.config_files``).
 
-Every field is documented in ``FIELD_HELP`` (also the CLI's ``--help``). ``validate()`` raises ConfigError
-naming the field before any worker starts.
+Every field is documented in ``FIELD_HELP`` (also the CLI's ``--help``). ``normalized()`` returns a copy with the
+"auto" settings resolved; ``validate()`` returns that copy once every setting is checked, and raises ConfigError
+naming the field before any worker starts. Neither changes the config it is called on.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import tomllib
 from dataclasses import dataclass, fields
-from pathlib import Path
 from typing import Any
 
+# Re-exported: the rest of the package imports the file side from here too (config_files knows no RunConfig).
+from distbelief.config_files import (
+    SECTIONS,
+    coerce_value,
+    load_toml,
+    refuse_former_test_hook,
+    saved_run_values,
+    section_of,
+    upgrade_legacy,
+)
 from distbelief.exceptions import ConfigError
+
+__all__ = [
+    "APPLIES_TO", "DURABILITY_MODES", "EVALUATION_MODES", "FIELD_HELP", "LOCAL_STRATEGIES", "RUNTIMES", "RunConfig",
+    "SECTIONS", "SERVER_OPTIMIZERS", "STRATEGIES", "config_from", "ignored_by_strategy", "load_toml",
+    "saved_run_values", "section_of",
+]
 
 STRATEGIES = ("sgd", "sync", "downpour", "sandblaster", "hogwild", "ddp")
 LOCAL_STRATEGIES = ("hogwild", "ddp")  # torch.multiprocessing baselines: this machine, no parameter server
@@ -21,6 +37,12 @@ SERVER_OPTIMIZERS = ("sgd", "adagrad")
 DURABILITY_MODES = ("off", "snapshot", "log")
 EVALUATION_MODES = ("auto", "paused", "concurrent")
 RUNTIMES = ("ray", "inprocess")
+
+
+def _at_least(cfg: RunConfig, name: str, minimum: float = 1) -> None:
+    v = getattr(cfg, name)
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or v < minimum or not math.isfinite(v):
+        raise ConfigError(name, f"must be >= {minimum}, got {v!r}")
 
 
 @dataclass
@@ -76,18 +98,33 @@ class RunConfig:
     push_every_portions: int = 4
     backup_tasks: bool = True
 
-    def validate(self) -> "RunConfig":
+    # ---------------------------------------------------------------- normalisation
+    def normalized(self) -> RunConfig:
+        """A copy of this config with its derived settings filled in (this config is not changed):
+
+        - 0 ("auto") in ``num_classes``, ``lr``, ``batch_size`` and ``portion_size`` becomes the value of
+          ``distbelief.defaults`` for the task, model and strategy (so config.toml records what the run really
+          used); a value the user set is kept;
+        - ``strategy = "sgd"`` is one process by definition: its ``replicas`` becomes 1 (the count is not used).
+
+        Raises ConfigError for a setting these depend on that is not valid: an unknown choice (task, model,
+        strategy, ...), an "auto" setting that is negative or not an integer, ``replicas`` < 1. Normalising a
+        normalised config changes nothing.
+        """
+        self._check_choices()
+        changes = self._resolved_defaults()
+        _at_least(self, "replicas")
+        if self.strategy == "sgd" and self.replicas != 1:
+            changes["replicas"] = 1
+        return dataclasses.replace(self, **changes)
+
+    def _check_choices(self) -> None:
         from distbelief.data.tasks import TASKS
         from distbelief.models import MODELS
 
         def choose(name, value, options):
             if value not in options:
                 raise ConfigError(name, f"unknown value {value!r}; choose one of: {', '.join(options)}")
-
-        def positive(name, minimum=1):
-            v = getattr(self, name)
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or v < minimum or not math.isfinite(v):
-                raise ConfigError(name, f"must be >= {minimum}, got {v!r}")
 
         choose("task", self.task, TASKS)
         choose("model", self.model, MODELS)
@@ -96,9 +133,46 @@ class RunConfig:
         choose("runtime", self.runtime, RUNTIMES)
         choose("durability", self.durability, DURABILITY_MODES)
         choose("evaluation", self.evaluation, EVALUATION_MODES)
-        self._resolve_defaults()
-        for name in ("replicas", "shards", "fetch_every", "push_every", "partitions"):
-            positive(name)
+
+    def _resolved_defaults(self) -> dict[str, Any]:
+        """The settings whose good value depends on the model and strategy and that are 0 ("auto"), with the value
+        of ``distbelief.defaults``: ``{name: value}``. A value the user set is not in it."""
+        import distbelief.defaults as defaults
+
+        for name in ("num_classes", "batch_size", "portion_size"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ConfigError(name, f"must be an integer >= 0 (0 = the default for the model and strategy), "
+                                        f"got {v!r}")
+        if not (isinstance(self.lr, (int, float)) and not isinstance(self.lr, bool) and math.isfinite(self.lr)
+                and self.lr >= 0):
+            raise ConfigError("lr", f"must be > 0, or 0 for the recommended rate of the model, strategy and "
+                                    f"server optimizer; got {self.lr!r}")
+        out: dict[str, Any] = {}
+        if self.num_classes == 0:
+            out["num_classes"] = defaults.default_num_classes(self.task, self.model)
+        if self.lr == 0:
+            out["lr"] = defaults.recommended_lr(self.model, self.strategy, self.server_optimizer)
+        batch_size = self.batch_size
+        if batch_size == 0:
+            batch_size = out["batch_size"] = defaults.default_batch_size(self.strategy)
+        if self.portion_size == 0:
+            out["portion_size"] = defaults.default_portion_size(self.strategy, batch_size)
+        return out
+
+    # ---------------------------------------------------------------- validation
+    def validate(self) -> RunConfig:
+        """``normalized()``, once every setting of it is checked: raises ConfigError naming the first setting that
+        is wrong. This config is not changed; use the config returned (callers take the normalised settings, e.g.
+        the resolved ``lr``, from it)."""
+        cfg = self.normalized()
+        cfg._check()
+        return cfg
+
+    def _check(self) -> None:
+        """Every check of a normalised config beyond those ``normalized()`` makes."""
+        for name in ("shards", "fetch_every", "push_every", "partitions"):
+            _at_least(self, name)
         if self.partitions > 1:
             from distbelief.models import PARTITIONABLE
 
@@ -110,15 +184,15 @@ class RunConfig:
             if self.strategy in LOCAL_STRATEGIES:
                 raise ConfigError("partitions", f"the {self.strategy} baseline runs unpartitioned replicas; use "
                                                 f"partitions = 1")
-        positive("num_samples", 20)
+        _at_least(self, "num_samples", 20)
         for name in ("warmstart_steps", "max_steps", "threads", "max_replica_restarts", "num_classes",
                      "eval_samples", "train_eval_samples"):
-            positive(name, 0)
+            _at_least(self, name, 0)
         for name in ("checkpoint_every_updates", "max_shard_restarts"):
-            positive(name, 0)
+            _at_least(self, name, 0)
         for name in ("max_seconds", "target_accuracy", "local_lr", "adagrad_initial_accumulator",
                      "checkpoint_every_seconds"):
-            positive(name, 0)
+            _at_least(self, name, 0)
         if not (isinstance(self.log_max_mb, (int, float)) and math.isfinite(self.log_max_mb)
                 and self.log_max_mb > 0):
             raise ConfigError("log_max_mb", f"must be > 0 (megabytes of write-ahead log per shard), got "
@@ -140,10 +214,7 @@ class RunConfig:
                                              f"needs class_prior = 0")
         if self.task == "speech" and not 0 <= self.num_classes <= 8192:
             raise ConfigError("num_classes", f"speech supports up to 8192 classes, got {self.num_classes}")
-        if self.strategy == "sgd" and self.replicas != 1:
-            # sgd is one process by definition; the replica count is not used.
-            self.replicas = 1
-        self._validate_sandblaster()
+        self._check_sandblaster()
         if self.address and self.strategy in LOCAL_STRATEGIES:
             raise ConfigError("address", f"the {self.strategy} baseline runs its workers on this machine; drop "
                                          f"--address")
@@ -152,33 +223,8 @@ class RunConfig:
                                          "--partitions P to spread its one replica over the cluster)")
         if self.address and self.runtime != "ray":
             raise ConfigError("address", "--address needs the ray runtime (runtime = \"ray\")")
-        return self
 
-    def _resolve_defaults(self) -> None:
-        """Settings whose good value depends on the model and strategy: 0 means "auto" and is replaced here by
-        the value of ``distbelief.defaults`` (so config.toml records what the run really used). A value the user
-        set is kept. Called again on a validated config, it changes nothing."""
-        import distbelief.defaults as defaults
-
-        for name in ("num_classes", "batch_size", "portion_size"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise ConfigError(name, f"must be an integer >= 0 (0 = the default for the model and strategy), "
-                                        f"got {v!r}")
-        if not (isinstance(self.lr, (int, float)) and not isinstance(self.lr, bool) and math.isfinite(self.lr)
-                and self.lr >= 0):
-            raise ConfigError("lr", f"must be > 0, or 0 for the recommended rate of the model, strategy and "
-                                    f"server optimizer; got {self.lr!r}")
-        if self.num_classes == 0:
-            self.num_classes = defaults.default_num_classes(self.task, self.model)
-        if self.lr == 0:
-            self.lr = defaults.recommended_lr(self.model, self.strategy, self.server_optimizer)
-        if self.batch_size == 0:
-            self.batch_size = defaults.default_batch_size(self.strategy)
-        if self.portion_size == 0:
-            self.portion_size = defaults.default_portion_size(self.strategy, self.batch_size)
-
-    def _validate_sandblaster(self) -> None:
+    def _check_sandblaster(self) -> None:
         for name in ("portion_size", "history", "push_every_portions"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -190,9 +236,10 @@ class RunConfig:
         if self.portion_size * self.replicas > self.batch_size:
             import warnings
 
+            # stacklevel 4: the caller of validate() (validate -> _check -> _check_sandblaster)
             warnings.warn(f"portion_size ({self.portion_size}) x replicas ({self.replicas}) exceeds batch_size "
                           f"({self.batch_size}): portions are not much smaller than batch/replicas, so load "
-                          f"balancing and backup tasks have little room; lower portion_size", stacklevel=3)
+                          f"balancing and backup tasks have little room; lower portion_size", stacklevel=4)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -275,98 +322,24 @@ FIELD_HELP: dict[str, str] = {
 }
 
 
-def _coerce(name: str, typ, raw: Any) -> Any:
-    try:
-        if typ in (bool, "bool"):
-            if isinstance(raw, bool):
-                return raw
-            s = str(raw).lower()
-            if s in ("1", "true", "yes", "on"):
-                return True
-            if s in ("0", "false", "no", "off"):
-                return False
-            raise ValueError(raw)
-        if typ in (int, "int"):
-            if isinstance(raw, float) and not raw.is_integer():
-                raise ValueError(raw)
-            if isinstance(raw, bool):
-                raise ValueError(raw)
-            return int(raw)
-        if typ in (float, "float"):
-            if isinstance(raw, bool):
-                raise ValueError(raw)
-            return float(raw)
-        return str(raw)
-    except (TypeError, ValueError):
-        tname = getattr(typ, "__name__", typ)
-        raise ConfigError(name, f"expected {tname}, got {raw!r}") from None
-
-
-LEGACY = {"wal": "durability"}
-# Fault injection and straggler emulation were settings once; they are test tooling now (distbelief.testing).
-# A run directory written then still resumes (saved_run_values drops them: a fault never fires again on resume);
-# anywhere else they are refused with a message saying where they went.
-FORMER_TEST_HOOKS = ("kill_replica_at_step", "kill_replica_id", "kill_partition_id", "kill_shard_at_step",
-                     "kill_shard_id", "kill_replica_after_s", "kill_shard_after_s", "portion_delay_s",
-                     "straggler_id", "straggler_slowdown")
-
-
-def _upgrade_legacy(values: dict[str, Any]) -> dict[str, Any]:
-    """Settings of runs written before ``durability`` replaced ``wal`` (their config.toml must still resume):
-    ``wal = true`` is ``durability = "log"``; ``wal = false`` is ``"snapshot"``, or ``"off"`` when checkpoints
-    were off too."""
-    if "wal" in values:
-        wal = str(values.pop("wal")).lower() in ("1", "true", "yes", "on")
-        if "durability" not in values:
-            ckpt = values.get("checkpoint_every_seconds", 30.0) or values.get("checkpoint_every_updates", 0)
-            values["durability"] = "log" if wal else ("snapshot" if ckpt else "off")
-    return values
-
-
-def saved_run_values(values: dict[str, Any]) -> dict[str, Any]:
-    """The settings of a run directory's config.toml, as a resume reads them (FORMER_TEST_HOOKS dropped)."""
-    return {k: v for k, v in values.items() if k not in FORMER_TEST_HOOKS}
-
-
 def config_from(values: dict[str, Any], base: RunConfig | None = None) -> RunConfig:
-    """A config from ``base`` (defaults if None) with ``values`` applied; unknown keys are errors."""
+    """A config from ``base`` (defaults if None) with ``values`` applied; unknown keys are errors. Settings that
+    older run directories wrote are upgraded first (``config_files.upgrade_legacy``); ``values`` is not changed."""
     known = {f.name: f for f in fields(RunConfig)}
-    cfg = dataclasses.replace(base) if base is not None else RunConfig()
-    values = _upgrade_legacy(dict(values))
+    values = upgrade_legacy(dict(values))
+    applied: dict[str, Any] = {}
     for key, raw in values.items():
         name = key.replace("-", "_")
-        if name in FORMER_TEST_HOOKS:
-            raise ConfigError(name, "fault injection is test tooling, not a run setting: pass "
-                                    "distbelief.testing.Faults(...) to train(..., faults=...)")
+        refuse_former_test_hook(name)
         if name not in known:
             close = [k for k in known if k.startswith(name[:4])]
             hint = f" (did you mean {', '.join(close)}?)" if close else ""
             raise ConfigError(name, f"unknown setting{hint}")
-        setattr(cfg, name, _coerce(name, known[name].type, raw))
-    return cfg
+        applied[name] = coerce_value(name, known[name].type, raw)
+    return dataclasses.replace(base if base is not None else RunConfig(), **applied)
 
 
-# The sections of a TOML config and the settings each holds. A file may also name any setting at its top level
-# (a run directory's config.toml does); in a section, a setting must be one of that section's.
-SECTIONS: dict[str, tuple[str, ...]] = {
-    "task": ("task", "model", "num_samples", "num_classes", "class_prior"),
-    "run": ("strategy", "replicas", "shards", "partitions", "batch_size", "lr", "seed", "out", "tensorboard",
-            "runtime", "threads", "init_params"),
-    "stop": ("max_steps", "max_seconds", "target_accuracy"),
-    "downpour": ("fetch_every", "push_every", "server_optimizer", "local_lr", "adagrad_eps",
-                 "adagrad_initial_accumulator", "overlap", "warmstart_steps", "max_replica_restarts"),
-    "sandblaster": ("portion_size", "history", "push_every_portions", "backup_tasks"),
-    "eval": ("eval_every_seconds", "evaluation", "eval_samples", "train_eval_samples"),
-    "durability": ("durability", "checkpoint_every_seconds", "checkpoint_every_updates", "log_max_mb",
-                   "max_shard_restarts"),
-    "cluster": ("address", "remote_timeout_s"),
-}
-
-
-def section_of(name: str) -> str | None:
-    return next((sec for sec, names in SECTIONS.items() if name in names), None)
-
-
+# ---------------------------------------------------------------- which strategies read which settings
 # Settings that only some strategies read (the others would silently ignore them).
 _DOWNPOUR_ONLY = ("fetch_every", "push_every", "local_lr", "overlap", "warmstart_steps")
 _WITH_SERVER = ("downpour", "sync", "sandblaster")  # strategies with parameter shards
@@ -382,35 +355,3 @@ APPLIES_TO: dict[str, tuple[str, ...]] = {
 def ignored_by_strategy(names, strategy: str) -> list[str]:
     """Of the settings ``names`` (those a user set), the ones ``strategy`` does not read."""
     return [n for n in names if n in APPLIES_TO and strategy not in APPLIES_TO[n]]
-
-
-def load_toml(path: str | Path) -> dict[str, Any]:
-    """Read a TOML config into one namespace of settings. Settings may sit at the top level or in their section
-    (``[downpour]``, ``[sandblaster]``, ... see SECTIONS); an unknown section, or a setting in a section that is
-    not its own, is a ConfigError naming the file, the section and the key (it would otherwise silently set the
-    setting for every strategy)."""
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError("config", f"no such file: {p}")
-    try:
-        data = tomllib.loads(p.read_text())
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError("config", f"{p} is not valid TOML: {e}") from None
-    flat: dict[str, Any] = {}
-    for k, v in data.items():
-        if not isinstance(v, dict):
-            flat[k] = v
-            continue
-        if k not in SECTIONS:
-            raise ConfigError("config", f"{p}: unknown section [{k}]; sections are "
-                                        f"{', '.join(f'[{s}]' for s in SECTIONS)}")
-        for key, value in v.items():
-            name = key.replace("-", "_")
-            if name not in SECTIONS[k]:
-                home = section_of(name)
-                where = f"it belongs in [{home}]" if home else "it is not a setting"
-                raise ConfigError("config", f"{p}: [{k}] {key}: {where}")
-            if name in flat:
-                raise ConfigError("config", f"{p}: {key} is set twice")
-            flat[name] = value
-    return flat

@@ -1,4 +1,5 @@
-"""ModelReplica: the paper's Downpour client loop (PAPER.md §2, appendix).
+"""ModelReplica: the paper's Downpour client loop (PAPER.md §2, appendix) — the one loop every Downpour replica
+runs, whether it holds a whole model or one partition of a model-parallel replica.
 
     step = 0; accrued = 0
     loop:
@@ -7,9 +8,15 @@
       accrued += g;  parameters -= alpha * g            (local step between fetches)
       after every n_push gradients: push(accrued) asynchronously; accrued = 0
 
+What the loop trains comes from a **gradient source**: ``WholeModel`` (a model replica in one process) or a
+partition's source (``partition/replica.py``: its parameter range, with boundary messages to the other
+partitions, and the head's go/stop decision each step so that all partitions stop at the same step). The loop
+itself only fetches, computes through the source, accrues and pushes.
+
 Fetch and push are asynchronous handles from a ShardClient (the runtime supplies it): a push is in flight while
 the next gradient is computed, and with ``overlap`` the next fetch is too, so the replica's compute never waits
 for a round trip unless the network is slower than a step. At most one push is in flight (back-pressure).
+``LocalUpdates`` is the client of a replica with no parameter server (it applies an update rule in place).
 
 Without prefetch, fetching before every step and pushing after it (the fig. 4 recipe), a step's push and the
 next step's fetch travel as one call per shard (``ShardClient.push_fetch_async``); where the client offers shared
@@ -22,13 +29,14 @@ import math
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable, Protocol
 
 import torch
 
 from distbelief.data.batches import BatchSource
 from distbelief.exceptions import ReplicaKilled
 from distbelief.ps.sharding import bind_flat
+from distbelief.runtime.base import Done
 
 
 @dataclass(frozen=True)
@@ -40,36 +48,112 @@ class ReplicaSettings:
     remote_timeout_s: float = 120.0
 
 
-class ModelReplica:
-    """One model replica: a copy of the model, a data subset, and the fetch/compute/push loop.
+class GradientSource(Protocol):
+    """What a client loop trains.
 
-    Thread-safety: ``run`` executes in one thread; ``stop``, ``stats`` and ``kill`` may be called from another.
+    ``flat``: every parameter this process holds, as one vector (fetched parts are copied into it at their flat
+    offsets). ``params`` / ``grads``: the range this loop pushes and steps locally (``flat[lo:hi]`` and its
+    gradient), at flat offset ``lo``. ``gradient(x, y)`` computes the minibatch gradient into ``grads`` and
+    returns the loss (None where this process does not see it). ``agree(step, go)`` returns whether to run step
+    ``step`` given this process's own view ``go`` (a lockstep group's members follow their head).
     """
 
-    def __init__(
-        self,
-        replica_id: int,
-        model: torch.nn.Module,
-        batches: BatchSource,
-        client,
-        settings: ReplicaSettings,
-        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-    ):
+    name: str
+    flat: torch.Tensor
+    params: torch.Tensor
+    grads: torch.Tensor
+    lo: int
+
+    def gradient(self, x: torch.Tensor, y: torch.Tensor) -> float | None: ...
+
+    def agree(self, step: int, go: bool) -> bool: ...
+
+    def adopt_buffers(self, buffers: tuple) -> bool: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+
+class WholeModel:
+    """A gradient source holding a whole model: its parameters (and ``.grad``) are views into ``flat`` / ``grads``
+    (see ``bind_flat``), so a fetch writes the model and ``backward()`` writes the push buffer."""
+
+    lo = 0
+
+    def __init__(self, replica_id: int, model: torch.nn.Module,
+                 loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]):
+        self.name = f"replica {replica_id}"
+        self.model, self.loss_fn = model, loss_fn
+        self.flat, self.grads = bind_flat(model)
+        self.params = self.flat
+
+    def adopt_buffers(self, buffers: tuple) -> bool:
+        """Bind the model to the client's shared ``(params, grads)`` buffers (zero-copy fetches and pushes)."""
+        self.flat, self.grads = bind_flat(self.model, *(torch.from_numpy(b) for b in buffers))
+        self.params = self.flat
+        return True
+
+    def gradient(self, x: torch.Tensor, y: torch.Tensor) -> float:
+        self.grads.zero_()
+        loss = self.loss_fn(self.model(x), y)
+        loss.backward()
+        return loss.item()
+
+    def agree(self, step: int, go: bool) -> bool:
+        return go
+
+    def stats(self) -> dict[str, Any]:
+        return {}
+
+
+class LocalUpdates:
+    """The client of a replica with no parameter server: a push applies ``optimizer`` (a rule from
+    ``ps/optimizers.py``) to ``params`` in place, at once; a fetch has nothing to bring."""
+
+    acked: list[int] = []
+    colocated = None
+
+    def __init__(self, params: torch.Tensor, optimizer):
+        self.params, self.optimizer = params, optimizer
+        self.state = optimizer.init_state(params.numel())
+
+    def fetch_async(self) -> Done:
+        return Done(([], []))
+
+    def push_async(self, grad: torch.Tensor, versions, num_examples: int) -> Done:
+        self.optimizer.apply(self.params, grad, self.state)
+        return Done([])
+
+    def push_fetch_async(self, grad: torch.Tensor, versions, num_examples: int) -> Done:
+        self.push_async(grad, versions, num_examples)
+        return self.fetch_async()
+
+    def shared_buffers(self):
+        return None
+
+    def replace_shard(self, shard_id: int, handle) -> int:
+        return 0
+
+
+class ModelReplica:
+    """One model replica (or one partition of one): a gradient source, a data subset, and the
+    fetch/compute/push loop.
+
+    Thread-safety: ``run`` executes in one thread; ``stop``, ``pause``, ``stats`` and ``kill`` may be called from
+    another.
+    """
+
+    def __init__(self, replica_id: int, source: GradientSource, batches: BatchSource, client,
+                 settings: ReplicaSettings):
         self.replica_id = replica_id
-        self.model = model
+        self.source = source
         self.batches = batches
         self.client = client
         self.settings = settings
-        self.loss_fn = loss_fn
         # Fused push-fetch loop: one call per shard per step instead of two (see the module docstring).
         self.fused = not settings.overlap and settings.fetch_every == 1 and settings.push_every == 1
         shared = client.shared_buffers() if self.fused else None
-        if shared is not None:
-            self.flat, self.grads = bind_flat(model, *(torch.from_numpy(b) for b in shared))
-        else:
-            self.flat, self.grads = bind_flat(model)  # parameters and .grad are views into these
-        self.zero_copy = shared is not None
-        self.accrued = torch.zeros_like(self.grads)
+        self.zero_copy = shared is not None and source.adopt_buffers(shared)
+        self.accrued = torch.zeros_like(source.grads)
         self._stop = threading.Event()
         self._go = threading.Event()  # cleared by pause(): the loop waits at its next step boundary
         self._go.set()
@@ -90,7 +174,8 @@ class ModelReplica:
 
     def pause(self, timeout_s: float) -> bool:
         """Hold the loop at its next step boundary, once its pushes are applied (the driver evaluates the
-        server's parameters meanwhile, off the training clock). True once it holds (or is not running); False
+        server's parameters meanwhile, off the training clock; a partitioned replica pauses its head, and the
+        other partitions then wait for the head's next message). True once it holds (or is not running); False
         if it did not get there within ``timeout_s``."""
         self._go.clear()
         deadline = time.monotonic() + timeout_s
@@ -121,10 +206,14 @@ class ModelReplica:
 
     def replace_shard(self, shard_id: int, handle) -> int:
         """Point this replica at a restarted shard; calls waiting on the dead one are re-sent to it. Returns the
-        highest version the dead one acknowledged to us."""
+        highest version the dead one acknowledged to us (0: none)."""
         return self.client.replace_shard(shard_id, handle)
 
-    def stats(self) -> dict:
+    def params(self) -> tuple[int, Any]:
+        """``(lo, values)``: the parameter range this loop trains, at its flat offset (a copy)."""
+        return self.source.lo, self.source.params.numpy().copy()
+
+    def stats(self) -> dict[str, Any]:
         return {
             "acked": list(self.client.acked),
             "replica_id": self.replica_id,
@@ -137,25 +226,26 @@ class ModelReplica:
             "loss_ema": self.loss_ema,
             "compute_s": self.compute_s,
             "wait_s": self.wait_s,
+            **self.source.stats(),
         }
 
     # -- the client loop --
-    def _load(self, fetched) -> list[int]:
+    def _load(self, fetched) -> Any:
         t0 = time.perf_counter()
         parts, versions = fetched.result(self.settings.remote_timeout_s)
+        flat = self.source.flat
         for lo, values in parts:
-            src, dst = torch.as_tensor(values), self.flat[lo : lo + len(values)]
+            src, dst = torch.as_tensor(values), flat[lo : lo + len(values)]
             if src.data_ptr() != dst.data_ptr():  # not already in place (a shard wrote our shared buffer)
                 dst.copy_(src)
         self.wait_s += time.perf_counter() - t0
         return versions
 
-    def gradient(self, x: torch.Tensor, y: torch.Tensor) -> float:
-        """Compute the minibatch gradient into ``self.grads``; returns the loss."""
-        self.grads.zero_()
-        loss = self.loss_fn(self.model(x), y)
-        loss.backward()
-        return loss.item()
+    def _agree(self, step: int, go: bool) -> bool:
+        t0 = time.perf_counter()
+        go = self.source.agree(step, go)
+        self.wait_s += time.perf_counter() - t0
+        return go
 
     def run(self, max_steps: int | None = None, max_seconds: float | None = None) -> dict:
         deadline = math.inf if max_seconds is None else time.monotonic() + max_seconds
@@ -168,16 +258,17 @@ class ModelReplica:
             self._running = False
 
     def _loop(self, limit: float, deadline: float) -> dict:
-        s = self.settings
+        s, src = self.settings, self.source
         pending_fetch = None
         pending_push = None
-        versions: list[int] | None = None
-        acc_versions: list[int] | None = None
+        versions = None
+        acc_versions = None
         acc_count = acc_examples = 0
         local_step = 0
-        while local_step < limit and not self._stop.is_set() and time.monotonic() < deadline:
+        while self._agree(local_step, local_step < limit and not self._stop.is_set()
+                          and time.monotonic() < deadline):
             if self._killed:
-                raise ReplicaKilled(f"replica {self.replica_id} was killed (fault injection)")
+                raise ReplicaKilled(f"{src.name} was killed (fault injection)")
             if local_step % s.fetch_every == 0:
                 if pending_fetch is None:
                     pending_fetch = self.client.fetch_async()
@@ -192,23 +283,23 @@ class ModelReplica:
 
             t0 = time.perf_counter()
             x, y = self.batches.next_batch()
-            loss = self.gradient(x, y)
+            loss = src.gradient(x, y)
             if acc_count == 0:
                 acc_versions = versions
                 # With push_every == 1 the gradient buffer itself is pushed (the client copies before returning).
                 if s.push_every > 1:
-                    self.accrued.copy_(self.grads)
+                    self.accrued.copy_(src.grads)
             else:
-                self.accrued.add_(self.grads)
+                self.accrued.add_(src.grads)
             acc_count += 1
             acc_examples += len(y)
             if s.local_lr:
-                self.flat.add_(self.grads, alpha=-s.local_lr)
+                src.params.add_(src.grads, alpha=-s.local_lr)
             self.compute_s += time.perf_counter() - t0
 
             if acc_count == s.push_every:
                 if self.fused and local_step + 1 < limit:  # the next parameters come back with the push's reply
-                    pending_fetch = self.client.push_fetch_async(self.grads, acc_versions, acc_examples)
+                    pending_fetch = self.client.push_fetch_async(src.grads, acc_versions, acc_examples)
                     self.pushes += 1
                     self.push_fetches += 1
                 else:
@@ -217,7 +308,8 @@ class ModelReplica:
             local_step += 1
             self.steps += 1
             self.examples += len(y)
-            self.loss_ema = loss if math.isnan(self.loss_ema) else 0.9 * self.loss_ema + 0.1 * loss
+            if loss is not None:
+                self.loss_ema = loss if math.isnan(self.loss_ema) else 0.9 * self.loss_ema + 0.1 * loss
         if acc_count:
             pending_push = self._push(pending_push, acc_versions, acc_examples)
         if pending_push is not None:
@@ -231,7 +323,7 @@ class ModelReplica:
         if previous is not None:
             previous.result(self.settings.remote_timeout_s)
         self.wait_s += time.perf_counter() - t0
-        buf = self.grads if self.settings.push_every == 1 else self.accrued
+        buf = self.source.grads if self.settings.push_every == 1 else self.accrued
         handle = self.client.push_async(buf, versions, num_examples)
         self.pushes += 1
         return handle
@@ -247,12 +339,12 @@ class ModelReplica:
         self._load(self.client.fetch_async())
         x, y = self.batches.next_batch()
         t0 = time.perf_counter()
-        loss = self.gradient(x, y)
+        loss = self.source.gradient(x, y)
         self.compute_s += time.perf_counter() - t0
         self.steps += 1
         self.examples += len(y)
         self.loss_ema = loss if math.isnan(self.loss_ema) else 0.9 * self.loss_ema + 0.1 * loss
-        g = self.grads.numpy()
+        g = self.source.grads.numpy()
         layout = self.client.layout
         parts = tuple(g[lo:hi].copy() for lo, hi in map(layout.range, range(layout.num_shards)))
         return (*parts, {"loss": loss, "examples": len(y)})

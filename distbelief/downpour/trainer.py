@@ -1,35 +1,34 @@
-"""The Downpour driver (and the synchronous data-parallel baseline on the same shards and replicas).
+"""The Downpour driver: starts the shards and replicas through a Runtime, runs warmstart, evaluates the
+*server's* parameters on a wall-clock cadence, enforces the stop conditions, and has failed replicas restarted
+(``supervisor.Supervisor``) and dead shards restored (``shards.ServerShards``) while the others train.
 
-The trainer starts the roles through a Runtime, runs warmstart, evaluates the *server's* parameters on a
-wall-clock cadence, enforces the stop conditions, and restarts failed replicas (bounded, by RestartPolicy).
+``downpour/sync.py`` drives synchronous data parallelism over the same shards and replicas.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import tempfile
 import time
 from dataclasses import dataclass, field
-from functools import partial
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
 from distbelief.data.batches import BatchSource, replica_indices
-from distbelief.downpour.replica import ModelReplica, ReplicaSettings
+from distbelief.downpour.replica import ModelReplica, ReplicaSettings, WholeModel
+from distbelief.downpour.shards import ServerShards, durability_for, staleness
 from distbelief.evaluation import evaluate_job
-from distbelief.exceptions import ConfigError, DistBeliefError, RemoteTimeoutError, RoleFailedError
+from distbelief.exceptions import ConfigError, RemoteTimeoutError, RoleFailedError
 from distbelief.job import Job, materialize
 from distbelief.metrics import Clock, EvalSchedule, RunRecorder
-from distbelief.policies import Decision, RestartPolicy
 from distbelief.ps.optimizers import make_server_optimizer
-from distbelief.ps.shard import Durability, ParameterShard
-from distbelief.ps.sharding import ShardLayout, flatten, unflatten_into
-from distbelief.resume import (drop_retired, load_server_state, read_trainer_state, retire_checkpoints,
-                               write_trainer_state)
+from distbelief.ps.sharding import flatten, unflatten_into
+from distbelief.resume import load_server_state, read_trainer_state, retire_checkpoints, write_trainer_state
 from distbelief.runtime.base import Future, Role, Runtime
+from distbelief.summary import RunSummary, rate
+from distbelief.supervisor import Decision, RestartPolicy, Supervisor
+from distbelief.testing.faults import FaultInjector
 
 
 @dataclass
@@ -51,14 +50,14 @@ class ReplicaRecipe:
         model = self.model_fn()
         idx = replica_indices(len(ds), self.num_replicas, self.replica_id, self.seed)
         batches = BatchSource(ds, idx, self.batch_size, seed=self.seed * 7919 + self.replica_id)
-        return ModelReplica(self.replica_id, model, batches, client, self.settings, self.loss_fn)
+        return ModelReplica(self.replica_id, WholeModel(self.replica_id, model, self.loss_fn), batches, client,
+                            self.settings)
 
 
 @dataclass
 class _ReplicaState:
-    role: Role
+    role: Role | None  # None while it waits out its restart backoff
     future: Future | None = None
-    restarts: int = 0
     steps: int = 0  # steps done by earlier incarnations plus the last polled count of this one
     base_steps: int = 0
     phase_base: int = 0  # steps done before the current phase (warmstart, then everyone)
@@ -66,19 +65,15 @@ class _ReplicaState:
     alive: bool = True
     finished: bool = False
     last_stats: dict = field(default_factory=dict)
-    # A failed replica waiting out its restart backoff (time.monotonic() when it may start again): its old role is
-    # dead, and the driver goes on evaluating and supervising meanwhile instead of sleeping.
-    restart_at: float | None = None
-    failed_at: float = 0.0
 
     @property
     def running(self) -> bool:
-        """Alive with a live role to call (not waiting to be restarted)."""
-        return self.alive and self.restart_at is None
+        """Alive with a live role to call (not waiting out a restart backoff)."""
+        return self.alive and self.role is not None
 
 
 class ParameterServerTrainer:
-    """Runs ``downpour`` or ``sync`` over a Runtime. One instance per run."""
+    """Runs ``downpour`` over a Runtime (``SyncTrainer`` in sync.py: ``sync``). One instance per run."""
 
     def __init__(self, job: Job, runtime: Runtime, recorder: RunRecorder, resume: bool = False,
                  callbacks: list | None = None):
@@ -86,17 +81,14 @@ class ParameterServerTrainer:
         self.callbacks = list(callbacks or [])  # callback(trainer, metrics_record) after each evaluation
         cfg = job.cfg
         self.cfg = cfg
-        self.policy = RestartPolicy(max_restarts=cfg.max_replica_restarts)
         self.timeout_s = cfg.remote_timeout_s
         torch.manual_seed(cfg.seed)
         self.eval_model = job.model_fn()
         init = flatten(self.eval_model)
         self.total = init.numel()
-        self.layout = ShardLayout.balanced(self.total, cfg.shards)
         self.optimizer = make_server_optimizer(cfg.server_optimizer, cfg.lr, cfg.adagrad_eps,
                                                cfg.adagrad_initial_accumulator)
-        self.init_flat = init
-        self.durability = self._durability()
+        self.durability, self._tmp = durability_for(cfg)
         self.prev: dict = {}  # the trainer state of the run we resume, if any
         self._retired = None
         server_state = None
@@ -114,23 +106,13 @@ class ParameterServerTrainer:
                          f"{[v for _, _, v in server_state.versions]}" +
                          (f", resharded to {cfg.shards} shards" if old_k != cfg.shards else "") +
                          f"; training time so far {self.prev.get('wall_s', 0.0):.1f}s")
-        self.shards: list[Role] = []
-        for k in range(cfg.shards):
-            lo, hi = self.layout.range(k)
-            if server_state is not None:
-                values, opt_state, counters = server_state.slice_for(lo, hi)
-                factory = partial(ParameterShard, k, lo, hi, values.numpy(), self.optimizer, self.total,
-                                  self.durability, {n: v.numpy() for n, v in opt_state.items()}, counters)
-            else:
-                factory = partial(ParameterShard, k, lo, hi, init[lo:hi].numpy(), self.optimizer, self.total,
-                                  self.durability)
-            self.shards.append(runtime.create_shard(k, factory))
-        self.client = runtime.shard_client(self.shards, self.layout)
-        self.shard_recovery_s: list[float] = []
-        self.replica_recovery_s: list[float] = []
         self.events: list[dict] = []  # failures and recoveries, with training-clock times
+        self.clock: Clock | None = None
+        p = self.prev
+        self.server = ServerShards(cfg, runtime, self.rec.log, self.optimizer, init, self.durability, server_state,
+                                   hand_over=self._hand_over, on_event=self._event, prev=p)
+        self.layout, self.client = self.server.layout, self.server.client
         self._warmstart_done = False
-        self._shard_restarts_by_id = [0] * cfg.shards
         self.settings = ReplicaSettings(
             fetch_every=cfg.fetch_every, push_every=cfg.push_every, local_lr=cfg.local_lr,
             overlap=cfg.overlap, remote_timeout_s=cfg.remote_timeout_s,
@@ -139,96 +121,48 @@ class ParameterServerTrainer:
         self.eval_mode = "paused"  # set once the replicas are placed (_choose_evaluation)
         self._last_eval_s = 0.0
         self.eval_schedule = EvalSchedule(cfg.eval_every_seconds, self.rec.log)
-        self.clock: Clock | None = None
-        p = self.prev
         self.best_acc = p.get("best_acc", -1.0)
         self.time_to_target: float | None = p.get("time_to_target")
         self.stop_reason = ""
         self.examples_sync = p.get("examples_sync", 0)
-        self.replica_restarts = p.get("replica_restarts", 0)
-        self.replicas_lost = p.get("replicas_lost", 0)
-        self.shard_restarts = p.get("shard_restarts", 0)
-        self.updates_lost = p.get("updates_lost", 0)
-        self._killed_once = bool(p)  # fault injection fires once per run, not again after a resume
-        self._shard_killed_once = bool(p)
+        # restarts and losses of the run we resume carry over (the policy's budget is per run, not per resume)
+        self.supervisor = Supervisor(RestartPolicy(max_restarts=cfg.max_replica_restarts))
+        self._prev_restarts, self._prev_lost = p.get("replica_restarts", 0), p.get("replicas_lost", 0)
+        self.faults = FaultInjector(job.faults, already_fired=bool(p))  # once per run, not again after a resume
 
-    # ---------------------------------------------------------------- durability and shard failures
-    def _durability(self) -> Durability | None:
-        cfg = self.cfg
-        if cfg.durability == "off":
-            return None
-        if cfg.out:
-            root = Path(cfg.out) / "checkpoints"
-        else:
-            self._tmp = tempfile.TemporaryDirectory(prefix="distbelief-ckpt-")
-            root = Path(self._tmp.name)
-        return Durability(str(root.resolve()), every_updates=cfg.checkpoint_every_updates,
-                          every_seconds=cfg.checkpoint_every_seconds, wal=cfg.durability == "log",
-                          log_max_bytes=int(cfg.log_max_mb * 2**20))
+    @property
+    def shards(self) -> list[Role]:
+        return self.server.roles
 
+    @property
+    def replica_restarts(self) -> int:
+        return self._prev_restarts + self.supervisor.total_restarts
+
+    @property
+    def replicas_lost(self) -> int:
+        return self._prev_lost + len(self.supervisor.lost)
+
+    def _event(self, record: dict) -> None:
+        self.events.append({**record, "wall_s": self.clock.elapsed() if self.clock else 0.0})
+
+    # ---------------------------------------------------------------- shard failures
     def _check_shards(self) -> None:
-        """Restart any shard whose process died (from its checkpoint + log), while the replicas keep going."""
-        futs = [(k, self.runtime.call(s, "stats")) for k, s in enumerate(self.shards)]
-        for k, f in futs:
-            try:
-                f.result(self.timeout_s)
-            except RoleFailedError as e:
-                self._restart_shard(k, e)
+        self.server.check()
 
-    def _restart_shard(self, k: int, err: Exception) -> None:
-        if self.durability is None:
-            raise RoleFailedError(f"parameter shard {k} died ({err}) and --durability is off: its parameters are "
-                                  f"lost (use --durability snapshot or log to survive this)") from err
-        if self._shard_restarts_by_id[k] >= self.cfg.max_shard_restarts:
-            raise RoleFailedError(f"parameter shard {k} died again after {self.cfg.max_shard_restarts} restarts "
-                                  f"(max_shard_restarts)") from err
-        t0 = time.monotonic()
-        self.rec.log(f"parameter shard {k} died ({err}); restarting it from its checkpoint")
-        try:
-            self.runtime.kill(self.shards[k])
-        except Exception:  # noqa: BLE001 - already gone
-            pass
-        lo, hi = self.layout.range(k)
-        role = self.runtime.create_shard(k, partial(
-            ParameterShard.restore, k, lo, hi, self.optimizer, self.total, self.durability,
-            self.init_flat[lo:hi].numpy()))
-        st = self.runtime.call(role, "stats").result(max(self.timeout_s, 180.0))
-        # The highest version of the dead shard any replica saw acknowledged: from their last statistics, and
-        # from what each reports as it switches to the new shard (replicas with co-located updates were not
-        # blocked on the dead shard's process and may have applied more to its memory until then).
+    def _hand_over(self, k: int, handle) -> int:
+        """Point every running replica at restarted shard ``k``; the highest version of the dead shard any of
+        them saw acknowledged: from their last statistics, and from what each reports as it switches."""
         self._poll_replicas()
         acked = max([r.last_stats.get("acked", [0] * (k + 1))[k] for r in self.replicas.values()
                      if r.last_stats] + [0])
-        self.shards[k] = role
-        self.client.replace_shard(k, role.handle)
-        handed = [(rid, self.runtime.call(r.role, "replace_shard", k, role.handle))
+        handed = [(rid, self.runtime.call(r.role, "replace_shard", k, handle))
                   for rid, r in self.replicas.items() if r.running]
         for rid, f in handed:
             try:
                 acked = max(acked, f.result(self.timeout_s) or 0)
             except (RoleFailedError, RemoteTimeoutError) as e:  # its run() will fail too and be restarted
                 self.rec.log(f"replica {rid} could not take the restarted shard {k}: {e}")
-        lost = max(0, acked - st["updates"])
-        self._shard_restarts_by_id[k] += 1
-        self.shard_restarts += 1
-        self.updates_lost += lost
-        self.shard_recovery_s.append(time.monotonic() - t0)
-        self.events.append({"event": "shard restored", "id": k, "wall_s": self.clock.elapsed(),
-                            "updates_lost": lost, "replayed_updates": st["replayed_updates"]})
-        skipped = st.get("corrupt_checkpoints") or []
-        for msg in skipped:
-            self.rec.log(f"parameter shard {k}: skipped a damaged checkpoint: {msg}")
-        self.rec.log(f"parameter shard {k} restored at version {st['updates']} (checkpoint "
-                     f"{st['restored_from_version']} + {st['replayed_updates']} logged updates) in "
-                     f"{self.shard_recovery_s[-1]:.2f}s; updates lost: {lost}")
-
-    def checkpoint_shards(self) -> None:
-        """Ask every shard to write a checkpoint now (end of run, Ctrl-C)."""
-        if self.durability is None:
-            return
-        futs = [self.runtime.call(s, "checkpoint") for s in self.shards]
-        for f in futs:
-            f.result(self.timeout_s)
+        return acked
 
     # ---------------------------------------------------------------- roles
     def _recipe(self, rid: int) -> ReplicaRecipe:
@@ -251,11 +185,7 @@ class ParameterServerTrainer:
         return role
 
     def _wait_shards_ready(self) -> None:
-        for s in self.shards:
-            self.runtime.call(s, "stats").result(max(self.timeout_s, 180.0))
-        # A base checkpoint per shard: its range and state are on disk before any push (resume needs them).
-        self.checkpoint_shards()
-        drop_retired(self._retired)
+        self.server.wait_ready(self._retired)
         self._retired = None
 
     def _new_replica_state(self, rid: int) -> _ReplicaState:
@@ -269,24 +199,12 @@ class ParameterServerTrainer:
         write_trainer_state(self.cfg.out, {
             "wall_s": self.clock.elapsed(), "best_acc": self.best_acc, "time_to_target": self.time_to_target,
             "examples_sync": self.examples_sync, "replica_restarts": self.replica_restarts,
-            "replicas_lost": self.replicas_lost, "shard_restarts": self.shard_restarts,
-            "updates_lost": self.updates_lost, "steps_per_replica": [st.steps for st in self.replicas.values()],
+            "replicas_lost": self.replicas_lost, "shard_restarts": self.server.restarts,
+            "updates_lost": self.server.updates_lost, "steps_per_replica": [st.steps for st in self.replicas.values()],
             "warmstart_done": True if self.prev.get("warmstart_done") else self._warmstart_done,
         })
 
     # ---------------------------------------------------------------- evaluation and metrics
-    def server_params(self) -> torch.Tensor:
-        parts, _ = self.client.fetch_async().result(self.timeout_s)
-        flat = torch.empty(self.total, dtype=torch.float32)
-        out = flat.numpy()
-        for lo, values in parts:
-            out[lo : lo + len(values)] = values  # numpy copy: the values may be a read-only view of Ray's store
-        return flat
-
-    def shard_stats(self) -> list[dict]:
-        futs = [self.runtime.call(s, "stats") for s in self.shards]
-        return [f.result(self.timeout_s) for f in futs]
-
     def _poll_replicas(self) -> None:
         futs = {rid: self.runtime.call(st.role, "stats") for rid, st in self.replicas.items() if st.running}
         for rid, f in futs.items():
@@ -297,16 +215,6 @@ class ParameterServerTrainer:
             st = self.replicas[rid]
             st.last_stats = s
             st.steps = st.base_steps + s["steps"]
-
-    def _read_server(self, fn):
-        """Run a driver-side read of the shards; if a shard turns out dead, restart it and read again."""
-        for attempt in range(self.cfg.max_shard_restarts + 1):
-            try:
-                return fn()
-            except RoleFailedError:
-                if attempt == self.cfg.max_shard_restarts:
-                    raise
-                self._check_shards()
 
     def _pause_replicas(self) -> list[int]:
         """Hold every running replica at its next step boundary (its pushes applied); returns those held."""
@@ -367,14 +275,14 @@ class ParameterServerTrainer:
 
     def evaluate_now(self) -> dict:
         wall = self.clock.elapsed()
-        flat = self._read_server(self.server_params)
+        flat = self.server.read(self.server.params)
         unflatten_into(self.eval_model, flat)
         acc, test_loss, train_acc = evaluate_job(self.eval_model, self.job)
-        stats = self._read_server(self.shard_stats)
+        stats = self.server.read(self.server.stats)
         self._poll_replicas()
         losses = [st.last_stats.get("loss_ema") for st in self.replicas.values() if st.last_stats]
         losses = [x for x in losses if x is not None and math.isfinite(x)]
-        count = sum(s["staleness_count"] for s in stats)
+        stale_mean, stale_max = staleness(stats)
         examples = self.examples_sync if self.cfg.strategy == "sync" else max(s["examples"] for s in stats)
         rec = {
             "wall_s": round(wall, 3),
@@ -386,8 +294,8 @@ class ParameterServerTrainer:
             "test_accuracy": acc,
             "train_accuracy": train_acc,
             "test_loss": test_loss,
-            "staleness_mean": sum(s["staleness_sum"] for s in stats) / count if count else 0.0,
-            "staleness_max": max(s["staleness_max"] for s in stats),
+            "staleness_mean": stale_mean,
+            "staleness_max": stale_max,
             "rejected_pushes": sum(s["rejected_pushes"] for s in stats),
             "replicas_alive": sum(st.alive for st in self.replicas.values()),
             # cumulative traffic through the shards (fetched includes this evaluation's own read)
@@ -433,58 +341,48 @@ class ParameterServerTrainer:
         st.future = self.runtime.call(st.role, "run", max_steps, None if math.isinf(left) else max(0.0, left))
         st.finished = False
 
-    def _handle_failure(self, rid: int, err: Exception, max_steps: int | None) -> None:
+    def _handle_failure(self, rid: int, err: Exception) -> None:
+        """Replica ``rid`` failed: its role is killed, and the supervisor drops it or schedules its restart (the
+        other replicas go on; nothing waits for the backoff)."""
         st = self.replicas[rid]
-        decision = self.policy.decide(st.restarts)
+        decision = self.supervisor.failed(rid, stopping=self._should_stop())
         self.rec.log(f"replica {rid} failed ({err}); decision: {decision.value}")
         try:
             self.runtime.kill(st.role)
         except Exception:  # noqa: BLE001 - it is already dead
             pass
-        if decision is Decision.DROP or self._should_stop():
-            st.alive, st.future = False, None
-            if decision is Decision.DROP:
-                self.replicas_lost += 1
-                alive = sum(s.alive for s in self.replicas.values())
-                self.rec.log(f"replica {rid} exhausted its {self.policy.max_restarts} restarts; "
-                             f"continuing with {alive} replicas")
-            return
         st.future = None
-        self._schedule_restart(st)
-
-    def _schedule_restart(self, st: _ReplicaState) -> None:
-        """Restart this failed replica once its backoff is over (``_restart_due``); nothing waits for it."""
-        st.failed_at = time.monotonic()
-        st.restart_at = st.failed_at + self.policy.backoff(st.restarts)
+        if decision is Decision.DROP:
+            st.alive = False
+            alive = sum(s.alive for s in self.replicas.values())
+            self.rec.log(f"replica {rid} exhausted its {self.supervisor.policy.max_restarts} restarts; "
+                         f"continuing with {alive} replicas")
+        elif self.supervisor.waiting(rid):
+            st.role = None
+        else:  # the run is stopping: no restart
+            st.alive = False
 
     def _restart_due(self) -> None:
-        """Restart the failed replicas whose backoff is over (the supervision loop calls this every tick)."""
-        now = time.monotonic()
-        for rid, st in self.replicas.items():
-            if st.restart_at is None or now < st.restart_at:
-                continue
-            st.restart_at = None
+        """Start the failed replicas whose backoff is over (the supervision loop calls this every tick)."""
+        for rid in self.supervisor.due():
+            st = self.replicas[rid]
             if self._should_stop():
+                self.supervisor.cancel(rid)
                 st.alive = False
                 continue
-            st.restarts += 1
-            self.replica_restarts += 1
             st.base_steps = st.steps
             st.role = self._start_replica(rid)
-            self.replica_recovery_s.append(time.monotonic() - st.failed_at)
-            self.events.append({"event": "replica restarted", "id": rid, "wall_s": self.clock.elapsed()})
-            if self.cfg.strategy == "sync":
-                continue  # the lockstep loop calls it at its next step
-            limit = st.phase_limit
-            remaining = None if limit is None else max(0, limit - (st.steps - st.phase_base))
-            self._run_replica(rid, remaining)
-            self.rec.log(f"replica {rid} restarted (restart {st.restarts}/{self.policy.max_restarts}); "
+            n = self.supervisor.restarted(rid)
+            self._event({"event": "replica restarted", "id": rid})
+            self.rec.log(f"replica {rid} restarted (restart {n}/{self.supervisor.policy.max_restarts}); "
                          f"it rejoins from the server's parameters")
+            self._rejoin(rid)
 
-    def _until_restart(self) -> float:
-        """Seconds until the next scheduled replica restart (inf: none)."""
-        due = [st.restart_at for st in self.replicas.values() if st.restart_at is not None]
-        return max(0.0, min(due) - time.monotonic()) if due else math.inf
+    def _rejoin(self, rid: int) -> None:
+        """A restarted replica takes up its phase where its predecessor left it."""
+        st = self.replicas[rid]
+        limit = st.phase_limit
+        self._run_replica(rid, None if limit is None else max(0, limit - (st.steps - st.phase_base)))
 
     def _supervise(self, rids: list[int], max_steps, next_eval: float) -> float:
         """Run replicas ``rids`` to completion (or stop), evaluating on the cadence. Returns the next eval time.
@@ -502,8 +400,8 @@ class ParameterServerTrainer:
             if not pending:
                 return next_eval
             # A fault due at a step is looked for every 20 ms, so it lands close to that step.
-            wait = max(0.0, min(next_eval - self.clock.elapsed(), 0.02 if self._fault_pending() else 0.5,
-                                self._until_restart()))
+            wait = max(0.0, min(next_eval - self.clock.elapsed(), 0.02 if self.faults.pending else 0.5,
+                                self.supervisor.until_next()))
             futures = [st.future for st in pending.values() if st.future is not None]
             if futures:
                 done = self.runtime.wait_any(futures, wait)
@@ -516,7 +414,7 @@ class ParameterServerTrainer:
                         s = st.future.result(self.timeout_s)
                         st.last_stats, st.steps, st.finished = s, st.base_steps + s["steps"], True
                     except (RoleFailedError, RemoteTimeoutError) as e:
-                        self._handle_failure(rid, e, max_steps)
+                        self._handle_failure(rid, e)
             self._restart_due()
             self._maybe_inject_fault()
             self._check_shards()
@@ -538,40 +436,29 @@ class ParameterServerTrainer:
             self._poll_replicas()
         return sum(st.steps for st in self.replicas.values())
 
-    def _fault_pending(self) -> bool:
-        faults = self.job.faults
-        return bool(faults.kill_shard_at_step and not self._shard_killed_once) or bool(
-            faults.kill_replica_at_step and not self._killed_once)
-
     def _maybe_inject_fault(self) -> None:
         """Fault injection by step (never by wall-clock time, so a test's fault always lands at the same point
-        of the run): kill a shard and/or a replica once the run has done ``kill_*_at_step`` steps (``job.faults``:
-        distbelief.testing)."""
-        faults = self.job.faults
-        shard_due = faults.kill_shard_at_step and not self._shard_killed_once
-        replica_due = faults.kill_replica_at_step and not self._killed_once
-        if not (shard_due or replica_due):
-            return
-        steps = self._run_steps()
-        if shard_due and steps >= faults.kill_shard_at_step:
-            self._shard_killed_once = True
-            self.events.append({"event": "shard killed", "id": faults.kill_shard_id,
-                                "wall_s": self.clock.elapsed(), "step": steps})
-            self.rec.log(f"fault injection: killing parameter shard {faults.kill_shard_id} at step {steps}")
-            self.runtime.kill(self.shards[faults.kill_shard_id])
-        if replica_due and steps >= faults.kill_replica_at_step:
-            st = self.replicas.get(faults.kill_replica_id)
-            if st is not None and st.running and not st.finished:
-                self._killed_once = True
-                self.events.append({"event": "replica killed", "id": faults.kill_replica_id,
-                                    "wall_s": self.clock.elapsed(), "step": steps})
-                if faults.kill_partition_id >= 0:  # one partition's process: its whole group fails and restarts
-                    self.rec.log(f"fault injection: killing partition {faults.kill_partition_id} of replica "
-                                 f"{faults.kill_replica_id} at step {steps}")
-                    self.runtime.kill_partition(st.role, faults.kill_partition_id)
-                else:
-                    self.rec.log(f"fault injection: killing replica {faults.kill_replica_id} at step {steps}")
-                    self.runtime.kill(st.role)
+        of the run; ``job.faults``, from distbelief.testing)."""
+        if self.faults.pending:
+            self.faults.check(self._run_steps(), self._kill_shard, self._kill_replica)
+
+    def _kill_shard(self, k: int, steps: int) -> None:
+        self._event({"event": "shard killed", "id": k, "step": steps})
+        self.rec.log(f"fault injection: killing parameter shard {k} at step {steps}")
+        self.server.kill(k)
+
+    def _kill_replica(self, rid: int, partition_id: int, steps: int) -> bool:
+        st = self.replicas.get(rid)
+        if st is None or not st.running or st.finished:
+            return False
+        self._event({"event": "replica killed", "id": rid, "step": steps})
+        if partition_id >= 0:  # one partition's process: its whole group fails and restarts
+            self.rec.log(f"fault injection: killing partition {partition_id} of replica {rid} at step {steps}")
+            self.runtime.kill_partition(st.role, partition_id)
+        else:
+            self.rec.log(f"fault injection: killing replica {rid} at step {steps}")
+            self.runtime.kill(st.role)
+        return True
 
     def run_downpour(self) -> None:
         cfg = self.cfg
@@ -598,80 +485,6 @@ class ParameterServerTrainer:
                       for rid, st in self.replicas.items()}
         self._supervise(list(range(cfg.replicas)), limits, next_eval)
 
-    # ---------------------------------------------------------------- synchronous data parallel
-    def run_sync(self) -> None:
-        cfg = self.cfg
-        self._wait_shards_ready()
-        self.rec.log(f"starting {cfg.replicas} synchronous replicas x {cfg.shards} shards on the "
-                     f"{self.runtime.name} runtime ({self.total:,} parameters)")
-        for rid in range(cfg.replicas):
-            self.replicas[rid] = self._new_replica_state(rid)
-        self.clock = Clock(offset_s=self.prev.get("wall_s", 0.0))
-        next_eval = self.clock.elapsed() + cfg.eval_every_seconds
-        step = max([st.steps for st in self.replicas.values()] + [0])
-        while not (cfg.max_steps and step >= cfg.max_steps):
-            self._restart_due()
-            live = [rid for rid, st in self.replicas.items() if st.running]
-            if not live:
-                if any(st.alive for st in self.replicas.values()):  # all waiting out their restart backoff
-                    time.sleep(min(0.5, self._until_restart()))
-                    continue
-                raise DistBeliefError("every replica failed and none could be restarted")
-            # Each replica returns its gradient split by shard; the driver waits for the small summaries only,
-            # and shard k receives part k of every gradient straight from the replicas (Runtime.call_split).
-            futs = {rid: self.runtime.call_split(self.replicas[rid].role, "sync_step", cfg.shards) for rid in live}
-            grads = []
-            for rid, f in futs.items():
-                try:
-                    f.result(self.timeout_s)  # raises here if the replica died or failed: its parts are unusable
-                    grads.append(f)
-                except (RoleFailedError, RemoteTimeoutError) as e:
-                    self._handle_sync_failure(rid, e)
-            self._maybe_inject_fault()
-            self._check_shards()
-            if grads:
-                def apply_on(k: int) -> Future:
-                    parts = [g.part(k) for g in grads]
-                    return self.runtime.call_with_parts(self.shards[k], "apply_mean", parts, self.layout.range(k)[0],
-                                                        self.total)
-
-                applying = [apply_on(k) for k in range(cfg.shards)]  # every shard at once, not one after another
-                for k, f in enumerate(applying):
-                    try:
-                        f.result(self.timeout_s)
-                    except RoleFailedError as e:  # died mid-step: restore it, then apply this step there
-                        self._restart_shard(k, e)
-                        apply_on(k).result(self.timeout_s)
-                self.examples_sync += cfg.batch_size * len(grads)
-                step += 1
-                for st in self.replicas.values():
-                    st.steps = step
-            if self.clock.elapsed() >= next_eval:
-                t0 = time.monotonic()
-                self.clock.pause()  # synchronous training stops while we evaluate: don't count it
-                self.evaluate_now()
-                self.clock.resume()
-                self._last_eval_s = time.monotonic() - t0
-                next_eval = self.clock.elapsed() + self._eval_interval()
-            if self._should_stop():
-                break
-        for st in self.replicas.values():
-            st.steps = step
-
-    def _handle_sync_failure(self, rid: int, err: Exception) -> None:
-        st = self.replicas[rid]
-        decision = self.policy.decide(st.restarts)
-        self.rec.log(f"replica {rid} failed ({err}); decision: {decision.value}")
-        try:
-            self.runtime.kill(st.role)
-        except Exception:  # noqa: BLE001
-            pass
-        if decision is Decision.DROP:
-            st.alive = False
-            self.replicas_lost += 1
-            return
-        self._schedule_restart(st)
-
     def _stop_all_replicas(self) -> None:
         futs = []
         for st in self.replicas.values():
@@ -687,14 +500,15 @@ class ParameterServerTrainer:
                 pass
 
     # ---------------------------------------------------------------- the whole run
-    def run(self) -> dict:
+    def train(self) -> None:
+        """The strategy's training loop (Downpour here; sync.py overrides it)."""
+        self.run_downpour()
+
+    def run(self) -> RunSummary:
         cfg = self.cfg
         try:
             try:
-                if cfg.strategy == "sync":
-                    self.run_sync()
-                else:
-                    self.run_downpour()
+                self.train()
             except KeyboardInterrupt:
                 # Ctrl-C / SIGTERM: stop the replicas, then fall through to the final evaluation and checkpoint.
                 self.stop_reason = "interrupted"
@@ -708,52 +522,42 @@ class ParameterServerTrainer:
             wall = self.clock.elapsed()
             self._check_shards()
             final = self.evaluate_now()
-            flat = self._read_server(self.server_params)
-            stats = self._read_server(self.shard_stats)
-            self._read_server(self.checkpoint_shards)
+            flat = self.server.read(self.server.params)
+            stats = self.server.read(self.server.stats)
+            self.server.read(self.server.checkpoint)
         finally:
             for st in self.replicas.values():
-                try:
-                    self.runtime.kill(st.role)
-                except Exception:  # noqa: BLE001
-                    pass
-        count = sum(s["staleness_count"] for s in stats)
-        summary = {
-            "strategy": cfg.strategy,
-            "runtime": self.runtime.name,
-            "replicas": cfg.replicas,
-            "shards": cfg.shards,
-            "server_optimizer": cfg.server_optimizer,
-            "num_parameters": self.total,
-            "final_test_accuracy": final["test_accuracy"],
-            "best_test_accuracy": max(self.best_acc, final["test_accuracy"]),
-            "target_accuracy": cfg.target_accuracy or None,
-            "time_to_target_s": self.time_to_target,
-            "examples": final["examples"],
-            "examples_per_s": final["examples"] / wall if wall > 0 else 0.0,
-            "updates": sum(s["updates"] for s in stats),
-            "updates_per_shard": [s["updates"] for s in stats],
-            "steps_per_replica": [st.steps for st in self.replicas.values()],
-            # the data plane of the replicas' latest incarnations: fused push+fetch calls, models in shared memory
-            "push_fetch_calls": sum(st.last_stats.get("push_fetches", 0) for st in self.replicas.values()),
-            "replicas_zero_copy": sum(bool(st.last_stats.get("zero_copy")) for st in self.replicas.values()),
-            "replicas_colocated": sum(bool(st.last_stats.get("colocated")) for st in self.replicas.values()),
-            "staleness_mean": sum(s["staleness_sum"] for s in stats) / count if count else 0.0,
-            "staleness_max": max(s["staleness_max"] for s in stats),
-            "rejected_pushes": sum(s["rejected_pushes"] for s in stats),
-            "replica_restarts": self.replica_restarts,
-            "replicas_lost": self.replicas_lost,
-            "shard_restarts": self.shard_restarts,
-            "updates_lost": self.updates_lost,
-            "shard_recovery_s": self.shard_recovery_s,
-            "replica_recovery_s": self.replica_recovery_s,
-            "events": self.events,
-            "stop_reason": self.stop_reason,
-            "evaluation": self.eval_mode,
-            "durability": cfg.durability,
-            "wall_s": wall,
-            "partitions": cfg.partitions,
-            **{k: v for k, v in final.items() if k.startswith("partition_")},
-        }
+                if st.role is not None:
+                    try:
+                        self.runtime.kill(st.role)
+                    except Exception:  # noqa: BLE001
+                        pass
         self.final_flat = flat
-        return summary
+        stale_mean, stale_max = staleness(stats)
+        latest = [st.last_stats for st in self.replicas.values()]  # the replicas' latest incarnations
+        asynchronous = cfg.strategy == "downpour"
+        return RunSummary(
+            strategy=cfg.strategy, runtime=self.runtime.name, replicas=cfg.replicas, num_parameters=self.total,
+            final_test_accuracy=final["test_accuracy"],
+            best_test_accuracy=max(self.best_acc, final["test_accuracy"]),
+            target_accuracy=cfg.target_accuracy or None, time_to_target_s=self.time_to_target,
+            examples=final["examples"], examples_per_s=rate(final["examples"], wall),
+            updates=sum(s["updates"] for s in stats),
+            steps_per_replica=[st.steps for st in self.replicas.values()],
+            stop_reason=self.stop_reason, wall_s=wall, events=self.events,
+            partitions=cfg.partitions, evaluation=self.eval_mode, durability=cfg.durability,
+            shards=cfg.shards, server_optimizer=cfg.server_optimizer,
+            updates_per_shard=[s["updates"] for s in stats],
+            staleness_mean=stale_mean, staleness_max=stale_max,
+            rejected_pushes=sum(s["rejected_pushes"] for s in stats),
+            # the data plane (Downpour's client loop; sync replicas answer one call per step)
+            push_fetch_calls=sum(s.get("push_fetches", 0) for s in latest) if asynchronous else None,
+            replicas_zero_copy=sum(bool(s.get("zero_copy")) for s in latest) if asynchronous else None,
+            replicas_colocated=sum(bool(s.get("colocated")) for s in latest) if asynchronous else None,
+            replica_restarts=self.replica_restarts, replicas_lost=self.replicas_lost,
+            replica_recovery_s=list(self.supervisor.recovery_s),
+            shard_restarts=self.server.restarts, updates_lost=self.server.updates_lost,
+            shard_recovery_s=list(self.server.recovery_s),
+            partition_bytes_per_step=final.get("partition_bytes_per_step"),
+            partition_messages_per_step=final.get("partition_messages_per_step"),
+        )

@@ -1,29 +1,22 @@
-"""PartitionReplica: one partition of a model-parallel Downpour replica (PAPER.md §1–2, DESIGN.md "Model
-parallelism").
+"""One partition of a model-parallel Downpour replica (the paper's §1–2): its gradient source, and the recipe
+that builds it where it lives.
 
-A replica split into P partitions runs as P of these, one per worker process. Each runs the paper's client loop
-over **its own parameter range only**: it fetches that range from the shards that hold it, computes its share of
-the minibatch gradient together with the other partitions (boundary messages through a Transport), and pushes
-that range's gradient back to the same shards. There is no replica-level gather of parameters.
-
-The head partition (0) drives the lockstep: before every step it tells the others whether to go on (a one-number
-control message), so that a stop request, a step limit or a deadline ends all partitions at the same step.
-Every partition draws the same minibatch sequence (same seed); only the head uses the labels.
+A replica split into P partitions runs as P Downpour client loops (``downpour/replica.ModelReplica``), one per
+worker process, each over **its own parameter range only**: it fetches that range from the shards that hold it,
+computes its share of the minibatch gradient together with the other partitions (boundary messages through a
+Transport), and pushes that range's gradient back to the same shards. There is no replica-level gather of
+parameters. Every partition draws the same minibatch sequence (same seed); only the head uses the labels.
 """
 
 from __future__ import annotations
 
-import math
-import threading
-import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
 from distbelief.data.batches import BatchSource, replica_indices
-from distbelief.downpour.replica import ReplicaSettings
-from distbelief.exceptions import ReplicaKilled
+from distbelief.downpour.replica import LocalUpdates, ModelReplica, ReplicaSettings
 from distbelief.partition.model import PartitionedModel
 from distbelief.partition.partition import Partition
 from distbelief.partition.plan import HEAD
@@ -33,103 +26,37 @@ from distbelief.runtime.transport import Transport
 _GO, _STOP = torch.ones(1), torch.zeros(1)
 
 
-class PartitionReplica:
-    """Partition ``partition_id`` of model replica ``replica_id``: its parameter range and the client loop.
+class PartitionGradients:
+    """The gradient source of partition ``partition_id`` of a model-parallel replica: its parameter range
+    ``[lo, hi)`` of the model's flat vector, its share of each minibatch gradient (computed together with the
+    other partitions through ``transport``), and the head's go/stop decision before every step.
 
-    Args:
-        client: a range client for this partition's ``[lo, hi)`` (``fetch_async() -> (parts, versions)``,
-            ``push_async(grad, versions, num_examples)``), or None to update locally with ``local_optimizer``
-            (the single-replica baseline, no parameter server).
-        local_optimizer: a server rule from :mod:`distbelief.ps.optimizers`, applied to our range when
-            ``client`` is None.
-
-    Thread-safety: ``run`` in one thread; ``stop``, ``stats``, ``kill`` from others.
+    The head (partition 0) decides and tells the others with a one-number control message; the others follow, so
+    a stop request, a step limit or a deadline ends every partition at the same step.
     """
 
-    def __init__(self, replica_id: int, partition_id: int, model: PartitionedModel, batches: BatchSource,
-                 client, transport: Transport, settings: ReplicaSettings, loss_fn: Callable,
-                 local_optimizer=None):
-        if client is None and local_optimizer is None:
-            raise ValueError("a partition needs a parameter-server client or a local optimizer")
-        self.replica_id, self.partition_id = replica_id, partition_id
-        self.model, self.batches, self.client, self.transport = model, batches, client, transport
-        self.settings, self.loss_fn = settings, loss_fn
+    def __init__(self, replica_id: int, partition_id: int, model: PartitionedModel, transport: Transport,
+                 loss_fn: Callable, timeout_s: float):
+        self.name = f"replica {replica_id} partition {partition_id}"
+        self.partition_id, self.model, self.transport = partition_id, model, transport
+        self.loss_fn, self.timeout_s = loss_fn, timeout_s
         self.is_head = partition_id == HEAD
-        self.flat, self.grads = bind_flat(model)
+        self.flat, all_grads = bind_flat(model)
         self.lo, self.hi = model.partition_ranges()[partition_id]
-        self.own, self.own_grad = self.flat[self.lo:self.hi], self.grads[self.lo:self.hi]
-        self.accrued = torch.zeros_like(self.own_grad)
-        self.partition = Partition(model, partition_id, transport, settings.remote_timeout_s)
-        self.local_optimizer = local_optimizer
-        self.opt_state = local_optimizer.init_state(self.hi - self.lo) if local_optimizer is not None else {}
-        self._stop = threading.Event()
-        self._resumed = threading.Event()  # cleared by pause(): the head holds the lockstep at its next step
-        self._resumed.set()
-        self._held = threading.Event()
-        self._running = False
-        self._killed = False
-        self.steps = self.examples = self.pushes = 0
+        self.params, self.grads = self.flat[self.lo:self.hi], all_grads[self.lo:self.hi]
+        self.partition = Partition(model, partition_id, transport, timeout_s)
         self.control_messages = 0
-        self.loss_ema = math.nan
-        self.compute_s = self.wait_s = 0.0
 
-    # -- control (callable from another thread) --
-    def stop(self) -> None:
-        self._stop.set()
+    def adopt_buffers(self, buffers: tuple) -> bool:
+        return False  # a partition's fetches and pushes cover its range only; no whole-vector shared buffers
 
-    def pause(self, timeout_s: float) -> bool:
-        """Head only: hold the group's lockstep at the next step boundary (the other partitions then wait for
-        the head's next message, idle) while the driver evaluates. True once held or not running."""
-        self._resumed.clear()
-        deadline = time.monotonic() + timeout_s
-        while self._running and not self._held.is_set():
-            if time.monotonic() >= deadline:
-                return False
-            self._held.wait(0.05)
-        return True
+    def gradient(self, x: torch.Tensor, y: torch.Tensor) -> float | None:
+        self.grads.zero_()
+        loss, _ = self.partition.step(x, y if self.is_head else None, self.loss_fn if self.is_head else None)
+        return loss
 
-    def resume(self) -> None:
-        self._resumed.set()
-
-    def _hold(self, pending_push):
-        if pending_push is not None:  # our push is applied before the driver reads the server
-            pending_push.result(self.settings.remote_timeout_s)
-            pending_push = None
-        self._held.set()
-        while not self._resumed.wait(0.05):
-            if self._stop.is_set() or self._killed:
-                break
-        self._held.clear()
-        return pending_push
-
-    def kill(self) -> None:
-        self._killed = True
-
-    def replace_shard(self, shard_id: int, handle) -> int:
-        """Point this partition at a restarted shard (if it holds part of our range); calls waiting on the dead
-        one are re-sent to it. Returns the highest version the dead one acknowledged to us (0: none)."""
-        if self.client is not None:
-            return self.client.replace_shard(shard_id, handle)
-        return 0
-
-    def stats(self) -> dict[str, Any]:
-        s = self.partition.stats
-        return {
-            "replica_id": self.replica_id, "partition_id": self.partition_id, "steps": self.steps,
-            "examples": self.examples, "pushes": self.pushes, "loss_ema": self.loss_ema,
-            "compute_s": self.compute_s, "wait_s": self.wait_s, "num_parameters": self.hi - self.lo,
-            "control_messages": self.control_messages, **s.as_dict(),
-            # the highest version each shard acknowledged to us (the trainer counts updates lost to a shard crash)
-            "acked": list(self.client.acked) if self.client is not None else None,
-        }
-
-    def params(self) -> tuple[int, Any]:
-        """``(lo, values)``: this partition's parameter range (a copy)."""
-        return self.lo, self.own.numpy().copy()
-
-    # -- the client loop --
-    def _go(self, step: int, go: bool) -> bool:
-        """The head decides and tells the others; the others learn it. Returns whether to run this step."""
+    def agree(self, step: int, go: bool) -> bool:
+        """The head decides and tells the others; the others learn it."""
         key = ("ctl", step)
         if self.is_head:
             for q in range(self.model.num_partitions):
@@ -137,93 +64,12 @@ class PartitionReplica:
                     self.transport.send(q, key, _GO if go else _STOP)
                     self.control_messages += 1
             return go
-        t0 = time.perf_counter()
-        flag = self.transport.recv(HEAD, key, self.settings.remote_timeout_s)
-        self.wait_s += time.perf_counter() - t0
+        flag = self.transport.recv(HEAD, key, self.timeout_s)
         return bool(flag[0] > 0)
 
-    def _load(self, pending) -> dict[int, int]:
-        t0 = time.perf_counter()
-        parts, versions = pending.result(self.settings.remote_timeout_s)
-        for lo, values in parts:
-            self.flat[lo: lo + len(values)].copy_(torch.as_tensor(values))
-        self.wait_s += time.perf_counter() - t0
-        return versions
-
-    def run(self, max_steps: int | None = None, max_seconds: float | None = None) -> dict[str, Any]:
-        """Train until the head stops (step limit, deadline or ``stop()``). Returns ``stats()``."""
-        deadline = math.inf if max_seconds is None else time.monotonic() + max_seconds
-        limit = math.inf if max_steps is None else max_steps
-        self._stop.clear()
-        self._running = True
-        try:
-            return self._loop(limit, deadline)
-        finally:
-            self._running = False
-
-    def _loop(self, limit: float, deadline: float) -> dict[str, Any]:
-        s = self.settings
-        pending_fetch = pending_push = None
-        versions = acc_versions = None
-        acc_count = acc_examples = 0
-        local_step = 0
-        while self._go(local_step, local_step < limit and not self._stop.is_set() and time.monotonic() < deadline):
-            if self._killed:
-                raise ReplicaKilled(f"replica {self.replica_id} partition {self.partition_id} was killed")
-            if self.client is not None and local_step % s.fetch_every == 0:
-                versions = self._load(pending_fetch if pending_fetch is not None else self.client.fetch_async())
-                pending_fetch = None
-            if self.is_head and not self._resumed.is_set():  # a pause for evaluation (see pause())
-                paused_at = time.monotonic()
-                pending_push = self._hold(pending_push)
-                deadline += time.monotonic() - paused_at  # a pause is not training time
-            if self.client is not None and s.overlap and (local_step + 1) % s.fetch_every == 0:
-                pending_fetch = self.client.fetch_async()  # our next range travels while we compute
-
-            t0 = time.perf_counter()
-            x, y = self.batches.next_batch()
-            self.own_grad.zero_()
-            loss, _ = self.partition.step(x, y if self.is_head else None, self.loss_fn if self.is_head else None)
-            if self.client is None:
-                self.local_optimizer.apply(self.own, self.own_grad, self.opt_state)
-            else:
-                if acc_count == 0:
-                    acc_versions = versions
-                    if s.push_every > 1:
-                        self.accrued.copy_(self.own_grad)
-                else:
-                    self.accrued.add_(self.own_grad)
-                acc_count += 1
-                acc_examples += len(y)
-                if s.local_lr:
-                    self.own.add_(self.own_grad, alpha=-s.local_lr)
-            self.compute_s += time.perf_counter() - t0
-
-            if self.client is not None and acc_count == s.push_every:
-                pending_push = self._push(pending_push, acc_versions, acc_examples)
-                acc_count = acc_examples = 0
-            local_step += 1
-            self.steps += 1
-            self.examples += len(y)
-            if loss is not None:
-                self.loss_ema = loss if math.isnan(self.loss_ema) else 0.9 * self.loss_ema + 0.1 * loss
-        if acc_count:
-            pending_push = self._push(pending_push, acc_versions, acc_examples)
-        if pending_push is not None:
-            pending_push.result(s.remote_timeout_s)
-        if pending_fetch is not None:
-            pending_fetch.result(s.remote_timeout_s)
-        return self.stats()
-
-    def _push(self, previous, versions, num_examples):
-        t0 = time.perf_counter()
-        if previous is not None:
-            previous.result(self.settings.remote_timeout_s)
-        self.wait_s += time.perf_counter() - t0
-        buf = self.own_grad if self.settings.push_every == 1 else self.accrued
-        handle = self.client.push_async(buf, versions, num_examples)
-        self.pushes += 1
-        return handle
+    def stats(self) -> dict[str, Any]:
+        return {"partition_id": self.partition_id, "num_parameters": self.hi - self.lo,
+                "control_messages": self.control_messages, **self.partition.stats.as_dict()}
 
 
 @dataclass
@@ -244,7 +90,7 @@ class PartitionRecipe:
     loss_fn: Callable
     local_optimizer: Any = None
 
-    def __call__(self, partition_id: int, client_for, transport: Transport) -> PartitionReplica:
+    def __call__(self, partition_id: int, client_for, transport: Transport) -> ModelReplica:
         from distbelief.job import materialize
 
         ds = materialize(self.train_data)
@@ -258,7 +104,10 @@ class PartitionRecipe:
         idx = replica_indices(len(ds), self.num_replicas, self.replica_id, self.seed)
         # The same seed in every partition: they all draw the same minibatches without talking about it.
         batches = BatchSource(ds, idx, self.batch_size, seed=self.seed * 7919 + self.replica_id)
-        lo, hi = model.partition_ranges()[partition_id]
-        client = client_for(lo, hi) if client_for is not None else None
-        return PartitionReplica(self.replica_id, partition_id, model, batches, client, transport, self.settings,
-                                self.loss_fn, self.local_optimizer)
+        source = PartitionGradients(self.replica_id, partition_id, model, transport, self.loss_fn,
+                                    self.settings.remote_timeout_s)
+        if client_for is not None:
+            client = client_for(source.lo, source.hi)
+        else:  # the single-replica baseline: no parameter server, our range updated in place
+            client = LocalUpdates(source.params, self.local_optimizer)
+        return ModelReplica(self.replica_id, batches=batches, source=source, client=client, settings=self.settings)

@@ -121,7 +121,7 @@ class InProcessPartitionGroup:
                  num_partitions: int, timeout_s: float):
         self.replica_id, self.timeout_s = replica_id, timeout_s
         self.transports = InProcessTransport.group(num_partitions, f"replica {replica_id}")
-        self.parts: list[Any] = []  # PartitionReplica objects, built by the factory
+        self.parts: list[Any] = []  # each partition's ModelReplica, built by the factory
         def client_for(lo: int, hi: int) -> InProcessRangeClient:
             return InProcessRangeClient(shards, layout, replica_id, timeout_s, lo, hi)
 

@@ -1,7 +1,9 @@
 """The Sandblaster driver: starts shards and replicas, runs the Coordinator, evaluates, stops, reports.
 
-Same run directory and summary fields as the Downpour trainer, plus Sandblaster's own counters
-(``iterations``, ``portions_done``, ``portions_duplicated``, ``line_search_evals``, ...).
+Same run directory as the Downpour trainer; the summary is a ``RunSummary`` with Sandblaster's own counters
+(``iterations``, ``portions_done``, ``portions_duplicated``, ``line_search_evals``, ...) and no staleness or
+rejected pushes (every gradient is computed at the parameters it is applied to, and no push is refused). A
+failed replica is restarted after its backoff, or dropped, by the shared ``Supervisor``.
 
 Durability: after every iteration the shards checkpoint all their vectors and the trainer writes the
 coordinator's and its own scalars next to them (``sandblaster.state``). Ctrl-C / SIGTERM drops the iteration in
@@ -20,11 +22,10 @@ from pathlib import Path
 
 import torch
 
-from distbelief.job import Job, materialize
 from distbelief.evaluation import evaluate_job
 from distbelief.exceptions import ConfigError
+from distbelief.job import Job, materialize
 from distbelief.metrics import Clock, EvalSchedule, RunRecorder
-from distbelief.policies import Decision, RestartPolicy
 from distbelief.ps.shard import ParameterShard
 from distbelief.ps.sharding import ShardLayout, flatten, unflatten_into
 from distbelief.runtime.base import Role, Runtime, ShardClient
@@ -32,6 +33,9 @@ from distbelief.sandblaster.coordinator import Coordinator, CoordinatorSettings,
 from distbelief.sandblaster.lbfgs import LBFGSSettings
 from distbelief.sandblaster.replica import SandblasterReplicaRecipe, SandblasterReplicaSettings
 from distbelief.sandblaster.state import ResumePoint, find_resume_point, resliced_shard, tidy, write_state
+from distbelief.summary import RunSummary, rate
+from distbelief.supervisor import Decision, RestartPolicy, Supervisor
+from distbelief.testing.faults import FaultInjector
 
 
 def start_vector_shards(runtime: Runtime, init: torch.Tensor, num_shards: int) -> tuple[ShardLayout, list[Role]]:
@@ -86,7 +90,6 @@ class SandblasterTrainer:
         self.job, self.runtime, self.rec = job, runtime, recorder
         cfg = self.cfg = job.cfg
         self.timeout_s = cfg.remote_timeout_s
-        self.policy = RestartPolicy(max_restarts=cfg.max_replica_restarts)
         torch.manual_seed(cfg.seed)
         self.eval_model = job.model_fn()
         init = flatten(self.eval_model)
@@ -110,11 +113,12 @@ class SandblasterTrainer:
         same_target = prev.get("target_accuracy") == cfg.target_accuracy
         self.time_to_target: float | None = prev.get("time_to_target") if same_target else None
         self.stop_reason = ""
-        self.restarts: dict[int, int] = {}
-        self.replica_restarts = prev.get("replica_restarts", 0)
-        self.replicas_lost = prev.get("replicas_lost", 0)
-        self._killed_once = resume  # fault injection fires once per run, not again after a resume
-        self._shard_killed_once = resume
+        # Replica restarts and drops. Each run has the policy's full budget per replica (a resumed run starts
+        # every replica afresh); the totals reported count on from the run that was resumed.
+        self.supervisor = Supervisor(RestartPolicy(max_restarts=cfg.max_replica_restarts))
+        self._prev_restarts = prev.get("replica_restarts", 0)
+        self._prev_lost = prev.get("replicas_lost", 0)
+        self.faults = FaultInjector(job.faults, already_fired=resume)  # once per run, not again after a resume
 
     def _checkpoint_dir(self) -> str:
         """Where shards save their vectors every iteration (on whenever Downpour's shard durability is: any
@@ -196,44 +200,49 @@ class SandblasterTrainer:
             f.result(max(self.timeout_s, 180.0))
         return roles
 
+    @property
+    def replica_restarts(self) -> int:
+        return self._prev_restarts + self.supervisor.total_restarts
+
+    @property
+    def replicas_lost(self) -> int:
+        return self._prev_lost + len(self.supervisor.lost)
+
     def _restart(self, rid: int, err: Exception) -> DeferredRestart | None:
-        """The coordinator lost replica ``rid``: restart it after its backoff (bounded by the policy; the others
-        go on meanwhile) or go on without it."""
-        n = self.restarts.get(rid, 0)
-        decision = self.policy.decide(n)
+        """The coordinator lost replica ``rid``: the supervisor restarts it after its backoff (the others go on
+        meanwhile; the coordinator starts it when it is due) or drops it."""
+        decision = self.supervisor.failed(rid)
         self.rec.log(f"replica {rid} failed ({err}); decision: {decision.value}")
         if decision is Decision.DROP:
-            self.replicas_lost += 1
             return None
 
         def start() -> Role:
-            self.restarts[rid] = n + 1
-            self.replica_restarts += 1
             role = self._start_replicas([rid])[rid]
-            self.rec.log(f"replica {rid} restarted ({n + 1}/{self.policy.max_restarts}); it takes portions again")
+            n = self.supervisor.restarted(rid)
+            self.rec.log(f"replica {rid} restarted ({n}/{self.supervisor.policy.max_restarts}); it takes portions "
+                         f"again")
             return role
 
-        return DeferredRestart(time.monotonic() + self.policy.backoff(n), start)
+        return DeferredRestart(self.supervisor.restart_at(rid), start)
 
     def _inject_fault(self, coord: Coordinator) -> None:
         """Fault injection by step, so that tests are deterministic: once the coordinator has finished
         ``kill_replica_at_step`` (``kill_shard_at_step``) L-BFGS iterations, kill the replica (shard) in the middle
         of the next one, while its portions are out. Fires once per run."""
-        faults = self.job.faults
-        if (faults.kill_replica_at_step and not self._killed_once
-                and coord.iterations >= faults.kill_replica_at_step):
-            slot = coord.slots.get(faults.kill_replica_id)
-            if slot is not None:
-                self._killed_once = True
-                self.rec.log(f"fault injection: killing replica {faults.kill_replica_id} at iteration "
-                             f"{coord.iterations}")
-                self.runtime.kill(slot.role)
-        if (faults.kill_shard_at_step and not self._shard_killed_once
-                and coord.iterations >= faults.kill_shard_at_step):
-            self._shard_killed_once = True
-            self.rec.log(f"fault injection: killing parameter shard {faults.kill_shard_id} at iteration "
-                         f"{coord.iterations}")
-            self.runtime.kill(self.shards[faults.kill_shard_id])
+        if self.faults.pending:
+            self.faults.check(coord.iterations, self._kill_shard, partial(self._kill_replica, coord))
+
+    def _kill_shard(self, k: int, iterations: int) -> None:
+        self.rec.log(f"fault injection: killing parameter shard {k} at iteration {iterations}")
+        self.runtime.kill(self.shards[k])
+
+    def _kill_replica(self, coord: Coordinator, rid: int, partition_id: int, iterations: int) -> bool:
+        slot = coord.slots.get(rid)
+        if slot is None:
+            return False
+        self.rec.log(f"fault injection: killing replica {rid} at iteration {iterations}")
+        self.runtime.kill(slot.role)
+        return True
 
     # ---------------------------------------------------------------- evaluation
     def server_params(self) -> torch.Tensor:
@@ -255,9 +264,7 @@ class SandblasterTrainer:
             "test_accuracy": acc,
             "train_accuracy": train_acc,
             "test_loss": test_loss,
-            "staleness_mean": 0.0,  # every gradient is computed at the parameters it is applied to
-            "staleness_max": 0,
-            "rejected_pushes": 0,
+            # no staleness (every gradient is computed at the parameters it is applied to), no rejected pushes
             "replicas_alive": len(self.coord.slots),
             "iterations": c["iterations"],
             "line_search_evals": c["line_search_evals"],
@@ -279,7 +286,7 @@ class SandblasterTrainer:
             lbfgs=LBFGSSettings(history=cfg.history), seed=cfg.seed, remote_timeout_s=cfg.remote_timeout_s,
             checkpoint_dir=self.checkpoint_dir, max_shard_restarts=cfg.max_shard_restarts)
 
-    def run(self) -> dict:
+    def run(self) -> RunSummary:
         cfg = self.cfg
         for s in self.shards:
             self.runtime.call(s, "stats").result(max(self.timeout_s, 180.0))
@@ -333,48 +340,29 @@ class SandblasterTrainer:
                 except Exception:  # noqa: BLE001 - already gone
                     pass
         c = coord.stats()
-        summary = {
-            "strategy": "sandblaster",
-            "runtime": self.runtime.name,
-            "replicas": cfg.replicas,
-            "shards": cfg.shards,
-            "server_optimizer": "lbfgs",
-            "num_parameters": self.total,
-            "final_test_accuracy": final["test_accuracy"],
-            "best_test_accuracy": max(self.best_acc, final["test_accuracy"]),
-            "target_accuracy": cfg.target_accuracy or None,
-            "time_to_target_s": self.time_to_target,
-            "examples": final["examples"],
-            "examples_per_s": final["examples"] / wall if wall > 0 else 0.0,
-            "updates": final["updates"],
-            "updates_per_shard": final["updates_per_shard"],
-            "steps_per_replica": steps,
-            "staleness_mean": 0.0,
-            "staleness_max": 0,
-            "rejected_pushes": 0,
-            "replica_restarts": self.replica_restarts,
-            "replicas_lost": self.replicas_lost,
-            "shard_restarts": c["shard_restarts"],
+        batch = min(cfg.batch_size, self.num_examples)
+        summary = RunSummary(
+            strategy="sandblaster", runtime=self.runtime.name, replicas=cfg.replicas, num_parameters=self.total,
+            final_test_accuracy=final["test_accuracy"],
+            best_test_accuracy=max(self.best_acc, final["test_accuracy"]),
+            target_accuracy=cfg.target_accuracy or None, time_to_target_s=self.time_to_target,
+            examples=final["examples"], examples_per_s=rate(final["examples"], wall), updates=final["updates"],
+            steps_per_replica=steps, stop_reason=self.stop_reason, wall_s=wall,
+            shards=cfg.shards, server_optimizer="lbfgs", updates_per_shard=final["updates_per_shard"],
+            replica_restarts=self.replica_restarts, replicas_lost=self.replicas_lost,
+            replica_recovery_s=list(self.supervisor.recovery_s),  # this run's (not carried over a resume)
+            shard_restarts=c["shard_restarts"],
             # A restarted shard and its peers roll back to the last iteration checkpoint and the iteration is
             # redone: no accepted L-BFGS step is lost.
-            "updates_lost": 0,
-            "iterations_redone": c["iterations_redone"],
-            "shard_recovery_s": list(coord.shard_recovery_s),
-            "stop_reason": self.stop_reason,
-            "wall_s": wall,
-            "iterations": c["iterations"],
-            "portions_done": c["portions_done"],
-            "portions_duplicated": c["portions_duplicated"],
-            "line_search_evals": c["line_search_evals"],
-            "gradient_evals": c["gradient_evals"],
-            "backup_tasks_issued": c["backup_tasks_issued"],
-            "portions_requeued": c["portions_requeued"],
-            "final_train_loss": c["loss"],
-            "batch_size": min(cfg.batch_size, self.num_examples),
-            "portion_size": cfg.portion_size,
-            "history": cfg.history,
-            "mean_iteration_s": wall / c["iterations"] if c["iterations"] else None,
-        }
+            updates_lost=0,
+            shard_recovery_s=list(coord.counters.shard_recovery_s),
+            iterations=c["iterations"], iterations_redone=c["iterations_redone"],
+            gradient_evals=c["gradient_evals"], line_search_evals=c["line_search_evals"],
+            portions_done=c["portions_done"], portions_duplicated=c["portions_duplicated"],
+            backup_tasks_issued=c["backup_tasks_issued"], portions_requeued=c["portions_requeued"],
+            final_train_loss=c["loss"], batch_size=batch, portion_size=cfg.portion_size, history=cfg.history,
+            mean_iteration_s=wall / c["iterations"] if c["iterations"] else None,
+        )
         self.final_flat = flat
         return summary
 
@@ -410,4 +398,4 @@ class SandblasterTrainer:
 
     def _replica_portions(self) -> list[int]:
         """Portions each replica id computed (duplicates included; restarts add up)."""
-        return [self.coord.portions_by_replica.get(rid, 0) for rid in range(self.cfg.replicas)]
+        return [self.coord.counters.portions_by_replica.get(rid, 0) for rid in range(self.cfg.replicas)]

@@ -62,3 +62,28 @@ class Faults:
             raise ConfigError("straggler_id", f"must name a replica in [0, {replicas}) or be -1 (none), got "
                                               f"{self.straggler_id}")
         return self
+
+
+class FaultInjector:
+    """Fires a run's ``Faults`` once each, when the run's step count (all replicas together; Sandblaster: L-BFGS
+    iterations) reaches them. The driver calls ``check`` on every supervision tick with what it counted and how
+    to kill: ``kill_shard(shard_id, steps)``, and ``kill_replica(replica_id, partition_id, steps)`` which returns
+    False when that replica cannot be killed now (not running: the fault waits for a later tick)."""
+
+    def __init__(self, faults: Faults, already_fired: bool = False):
+        self.faults = faults
+        self.replica_done = already_fired or not faults.kill_replica_at_step
+        self.shard_done = already_fired or not faults.kill_shard_at_step
+
+    @property
+    def pending(self) -> bool:
+        return not (self.replica_done and self.shard_done)
+
+    def check(self, steps: int, kill_shard, kill_replica) -> None:
+        f = self.faults
+        if not self.shard_done and steps >= f.kill_shard_at_step:
+            self.shard_done = True
+            kill_shard(f.kill_shard_id, steps)
+        if not self.replica_done and steps >= f.kill_replica_at_step:
+            if kill_replica(f.kill_replica_id, f.kill_partition_id, steps):
+                self.replica_done = True

@@ -12,7 +12,9 @@ import sys
 import matplotlib.image as mpimg
 import pytest
 
-from distbelief.bench.accuracy import QUICK, evaluate_targets, fig5_core_counts, time_to_target
+from distbelief.bench.accuracy import fig5_core_counts
+from distbelief.bench.recipes import QUICK
+from distbelief.bench.targets import evaluate_targets, time_to_target
 
 PY = [sys.executable, "-m", "distbelief.cli"]
 FIG4_METHODS = {"sgd-1", "sgd-all", "downpour-sgd", "downpour-adagrad", "hogwild"}

@@ -21,7 +21,7 @@ from tests.integration.sandblaster_support import (
     reference_lbfgs,
     wide_model,
 )
-from tests.integration.test_downpour_inprocess import check_run_dir
+from tests.integration.test_downpour_inprocess import RUN_FIELDS, check_run_dir
 
 ITERATIONS, HISTORY = 15, 5
 
@@ -46,7 +46,8 @@ def test_convex_oracle_matches_single_process_lbfgs(runtime, logreg, shards, rep
     for _ in range(ITERATIONS):
         assert coord.step().accepted
     torch.testing.assert_close(read(), expected, atol=1e-4, rtol=0)
-    assert coord.iterations == ITERATIONS and coord.portions_done == coord.gradient_evals * 16  # 512 / 32
+    c = coord.counters
+    assert coord.iterations == ITERATIONS and c.portions_done == c.gradient_evals * 16  # 512 / 32
 
 
 def shard_vector(coord, name: str) -> torch.Tensor:
@@ -62,7 +63,7 @@ def test_exactly_once_with_a_backup_of_every_portion(runtime):
     torch.testing.assert_close(shard_vector(coord, "g"), expected, atol=1e-5, rtol=0)
     q = coord.queue
     assert q.backups_issued >= len(q) // 2 and q.duplicates >= 1  # the dedupe path really ran
-    assert coord.portions_done == len(q)  # each portion committed once
+    assert coord.counters.portions_done == len(q)  # each portion committed once
     ref = torch.nn.functional.cross_entropy(logreg_model()(ds.tensors[0]), ds.tensors[1]).item()
     assert loss == pytest.approx(ref, rel=1e-5)
 
@@ -102,11 +103,11 @@ def test_replica_killed_mid_batch_run_completes_and_oracle_holds(runtime, logreg
                         backup_tasks=backup_tasks, on_poll=kill_while_it_holds_unpushed_portions)
     for _ in range(ITERATIONS):
         assert coord.step().accepted
-    assert killed and coord.replica_failures == 1
+    assert killed and coord.counters.replica_failures == 1
     q, lost = killed[0]
     assert all(q.portions[p].results >= 2 for p in lost)  # computed again (the restarted replica 1 may do it)
     if not backup_tasks:
-        assert coord.portions_requeued >= len(lost)
+        assert coord.counters.portions_requeued >= len(lost)
     assert set(coord.slots) == {0, 1, 2}  # replaced
     torch.testing.assert_close(read(), expected, atol=1e-4, rtol=0)
 
@@ -117,9 +118,13 @@ def test_trainer_writes_the_run_directory_with_sandblaster_counters(tmp_path, to
     res = train(make_odd_model, toy_data[0], toy_data[1], quiet=True, runtime="inprocess", strategy="sandblaster",
                 replicas=2, shards=3, batch_size=256, portion_size=16, history=4, push_every_portions=2,
                 max_steps=6, max_seconds=0, eval_every_seconds=0.01, out=str(tmp_path / "run"))
-    summary, lines = check_run_dir(tmp_path / "run", "sandblaster")
+    summary, lines = check_run_dir(tmp_path / "run", "sandblaster", RUN_FIELDS | {"shards", "updates_per_shard"})
     for key in ("iterations", "portions_done", "portions_duplicated", "line_search_evals"):
         assert key in summary and key in lines[-1]
+    # no staleness and no rejected pushes, rather than zeros; no target set, so no time to it either
+    assert not {"staleness_mean", "staleness_max", "rejected_pushes", "time_to_target_s"} & summary.keys()
+    assert not {"staleness_mean", "rejected_pushes"} & lines[-1].keys()
+    assert summary["updates_lost"] == 0 and summary["replica_restarts"] == 0 and summary["replicas_lost"] == 0
     assert summary["iterations"] == 6 and summary["stop_reason"] == "step limit reached"
     assert summary["line_search_evals"] >= 6 and summary["portions_done"] == 16 * summary["gradient_evals"]
     assert summary["updates_per_shard"] == [6, 6, 6]
@@ -136,6 +141,7 @@ def test_trainer_restarts_a_killed_replica(toy_data):
     # Killed during iteration 3 (after 2 finished). The replacement starts after its backoff (0.5 s, while the
     # other replica goes on alone), well before the run ends: 7 more iterations of at least 16 portions x 10 ms.
     assert res.summary["replica_restarts"] == 1 and res.summary["replicas_lost"] == 0
+    assert len(res.summary["replica_recovery_s"]) == 1 and res.summary["replica_recovery_s"][0] >= 0.5  # backoff
     assert res.summary["stop_reason"] == "step limit reached" and res.summary["iterations"] == 10
 
 

@@ -33,7 +33,7 @@ def undisturbed(logreg, tmp_path_factory):
                             checkpoint_dir=str(tmp_path_factory.mktemp("ckpt")))
         for _ in range(ITERATIONS):
             assert coord.step().accepted
-        assert coord.shard_restarts == 0
+        assert coord.counters.shard_restarts == 0
         return read()
     finally:
         rt.shutdown()
@@ -56,7 +56,7 @@ def test_shard_killed_mid_gradient_evaluation_is_restarted_and_the_result_is_unc
 
     def kill_shard_mid_evaluation(coord):
         q = coord.queue
-        if not killed and coord.iterations == 4 and q is not None and coord.portions_done > 0 \
+        if not killed and coord.iterations == 4 and q is not None and coord.counters.portions_done > 0 \
                 and not q.all_committed() and any(p.state.name == "COMMITTED" for p in q.portions):
             killed.append(coord.shards[1])
             runtime.kill(coord.shards[1])  # its calls now raise RoleFailedError, like a dead process
@@ -65,7 +65,7 @@ def test_shard_killed_mid_gradient_evaluation_is_restarted_and_the_result_is_unc
                         checkpoint_dir=str(tmp_path), on_poll=kill_shard_mid_evaluation)
     for _ in range(ITERATIONS):
         assert coord.step().accepted
-    assert killed and coord.shard_restarts == 1 and coord.iterations_redone == 1
+    assert killed and coord.counters.shard_restarts == 1 and coord.counters.iterations_redone == 1
     assert coord.shards[1] is not killed[0]
     assert coord.iterations == ITERATIONS and coord.stats()["shard_restarts"] == 1
     torch.testing.assert_close(read(), undisturbed, atol=1e-5, rtol=0)
@@ -82,7 +82,8 @@ def test_shard_dead_at_the_iteration_checkpoint_rolls_back_one_iteration(runtime
         if i == 6:
             runtime.kill(coord.shards[0])
         assert coord.step().accepted
-    assert coord.shard_restarts == 1 and coord.iterations_redone == 1 and coord.iterations == ITERATIONS
+    c = coord.counters
+    assert c.shard_restarts == 1 and c.iterations_redone == 1 and coord.iterations == ITERATIONS
     torch.testing.assert_close(read(), undisturbed, atol=1e-5, rtol=0)
 
 

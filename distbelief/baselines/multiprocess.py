@@ -1,0 +1,381 @@
+"""Two baselines a user would otherwise pick on one machine, without a parameter server.
+
+* ``hogwild`` — Hogwild! (Niu et al., 2011): the model's parameters (and, for Adagrad, its accumulators)
+  live in shared memory; ``replicas`` worker processes each train on their own data subset and update them in
+  place, without any lock. A dead worker does not stop the others.
+* ``ddp`` — synchronous data parallelism with ``torch.nn.parallel.DistributedDataParallel`` (gloo on CPU):
+  ``replicas`` ranks average their gradients with an all-reduce every step and each applies the same update,
+  so the global batch is ``replicas x batch_size``. Every rank meets every all-reduce: one dead rank ends
+  the run.
+
+Both are measured exactly like Downpour and sgd: the training clock starts once every worker is ready to
+train; every ``eval_every_seconds`` of training the driver pauses the workers at a step boundary (DDP: every
+rank after the same step), stops the clock, evaluates the *current* parameters (the shared ones; DDP's rank 0
+trains the driver's shared-memory model), then resumes both. Evaluation thus neither competes with training
+for the cores nor counts as training time: examples/s and time-to-accuracy are training time. Metrics records
+and summary fields are Downpour's, less those that do not apply (DDP: no shards, no staleness; neither
+restarts a worker nor refuses a gradient).
+Workers are torch.multiprocessing processes, not Ray roles (nothing here imports ray). This module is the
+driver; the workers' code is in ``workers.py``, their shared progress block in ``progress.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from multiprocessing.connection import wait as wait_any
+from typing import Any
+
+import torch
+
+from distbelief.baselines.processes import check_picklable, context, exit_text, free_port
+from distbelief.baselines.progress import DONE, READY, SharedProgress
+from distbelief.baselines.single import make_torch_optimizer
+from distbelief.baselines.workers import (WorkerSpec, ddp_worker, hogwild_worker, param_digest, startup_timeout_s,
+                                          worker_main)
+from distbelief.evaluation import evaluate_job
+from distbelief.exceptions import DistBeliefError, RemoteTimeoutError, RoleFailedError
+from distbelief.metrics import Clock, EvalSchedule, RunRecorder
+from distbelief.ps.sharding import flatten
+from distbelief.summary import RunSummary, rate
+
+
+class MultiprocessRun:
+    """Drives one hogwild or ddp run: starts the workers, evaluates, enforces the stop conditions, handles
+    deaths and hangs, writes the metrics. Callbacks ``f(run, record)`` see ``run.worker_pids`` (tests and
+    demos)."""
+
+    def __init__(self, job, recorder: RunRecorder, strategy: str, callbacks: list | None = None):
+        self.job, self.rec, self.strategy = job, recorder, strategy
+        self.cfg = cfg = job.cfg
+        self.callbacks = list(callbacks or [])
+        self.timeout_s = cfg.remote_timeout_s
+        self.ctx = context(preload=[worker_main.__module__])
+        self.progress = SharedProgress(cfg.replicas)
+        torch.manual_seed(cfg.seed)  # the same initial parameters as --strategy sgd
+        self.model = job.model_fn()
+        self.model.share_memory()  # the workers (hogwild) or rank 0 (ddp) update these very tensors in place
+        self.num_parameters = sum(p.numel() for p in self.model.parameters())
+        check_picklable(job)
+        self.procs: dict[int, Any] = {}
+        self.conns: dict[int, Any] = {}
+        self.reports: dict[int, dict] = {}
+        self.training: set[int] = set()  # started, neither finished nor lost
+        self.lost: dict[int, str] = {}
+        self.events: list[dict] = []
+        self.clock: Clock | None = None
+        self.best, self.time_to_target, self.stop_reason = -1.0, None, ""
+        self._killed_once = False
+
+    @property
+    def worker_pids(self) -> dict[int, int]:
+        return {r: p.pid for r, p in self.procs.items() if r in self.training}
+
+    # ------------------------------------------------------------------ processes
+    def _start_workers(self) -> None:
+        job = self.job
+        spec = WorkerSpec(self.cfg, job.model_fn, job.train_data, job.loss_fn, job.threads)
+        if self.strategy == "hogwild":
+            optimizer = make_torch_optimizer(self.cfg, self.model.parameters())
+            if isinstance(optimizer, torch.optim.Adagrad):
+                optimizer.share_memory()  # one set of accumulators, updated lock-free by every worker
+            per_rank = [(hogwild_worker, self.model, optimizer)] * self.cfg.replicas
+        else:
+            port = free_port()
+            per_rank = [(ddp_worker, port, self.model if r == 0 else None) for r in range(self.cfg.replicas)]
+        for rank, (body, *args) in enumerate(per_rank):
+            recv, send = self.ctx.Pipe(duplex=False)
+            p = self.ctx.Process(target=worker_main, args=(body, rank, spec, self.progress, send, *args),
+                                 name=f"distbelief-{self.strategy}-{rank}", daemon=True)
+            p.start()
+            send.close()  # the worker holds the only write end: EOF on recv means it is gone
+            self.procs[rank], self.conns[rank] = p, recv
+            self.training.add(rank)
+
+    def _reap(self, rank: int) -> str | None:
+        """Collect worker ``rank``'s report once it exited: its failure text, or None if it finished."""
+        p, conn = self.procs[rank], self.conns[rank]
+        p.join(self.timeout_s)
+        report: dict = {}
+        try:
+            if conn.poll(0):
+                report = conn.recv()
+        except (EOFError, OSError):
+            pass
+        self.training.discard(rank)
+        if p.exitcode == 0 and "error" not in report:
+            self.reports[rank] = report
+            return None
+        # no report: it died before worker_main could send one (e.g. unpickling its arguments), or was killed
+        return report.get("error") or f"{exit_text(p.exitcode)}, without a report (see its stderr)"
+
+    def _collect_exits(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for workers to exit; reap those that did, counting failures as lost."""
+        for rank in self._exited(timeout_s):
+            err = self._reap(rank)
+            if err is not None:
+                self._worker_failed(rank, err)
+
+    def _exited(self, timeout_s: float) -> list[int]:
+        """Wait up to ``timeout_s`` for any training worker to exit; the ranks that did."""
+        live = {self.procs[r].sentinel: r for r in self.training}
+        if not live:
+            return []
+        return [live[s] for s in wait_any(list(live), timeout=max(0.0, timeout_s))]
+
+    def _wait_ready(self) -> None:
+        limit_s = startup_timeout_s(self.timeout_s)
+        deadline = time.monotonic() + limit_s
+        while any(self.progress.phase(r) != READY for r in self.training):
+            for rank in self._exited(0.05):
+                raise RoleFailedError(f"{self.strategy} worker {rank} failed while starting: "
+                                      f"{self._reap(rank)}")
+            if time.monotonic() > deadline:
+                slow = [r for r in self.training if self.progress.phase(r) != READY]
+                raise RemoteTimeoutError(f"{self.strategy} worker(s) {slow} not ready to train within "
+                                         f"{limit_s:.0f}s (remote_timeout_s, at least 60)")
+
+    def _stop_workers(self, timeout_s: float) -> None:
+        """Ask every worker to stop and reap it; terminate any that does not stop within ``timeout_s``."""
+        self.progress.stop()
+        deadline = time.monotonic() + timeout_s
+        for rank in sorted(self.training):
+            p = self.procs[rank]
+            p.join(max(0.0, deadline - time.monotonic()))
+            if p.is_alive():
+                self.rec.log(f"{self.strategy} worker {rank} did not stop within {timeout_s:.0f}s of being "
+                             f"asked (remote_timeout_s); terminating it")
+                self._terminate(p)
+            err = self._reap(rank)
+            if err is not None and rank not in self.lost:
+                self.lost[rank] = err
+
+    @staticmethod
+    def _terminate(p) -> None:
+        p.terminate()
+        p.join(5)
+        if p.is_alive():
+            p.kill()
+            p.join(5)
+
+    # ------------------------------------------------------------------ measurement
+    def _evaluate_paused(self) -> dict:
+        """Evaluate with every worker held at a step boundary and the training clock stopped: evaluation
+        then neither competes with training for the cores nor counts as training time (as for sgd and
+        Downpour), and it reads parameters no worker is writing."""
+        self._pause_workers()
+        self.clock.pause()  # after the workers stopped: finishing their last step was training
+        try:
+            return self._record()
+        finally:
+            self.clock.resume()
+            self.progress.resume()
+
+    def _pause_workers(self) -> None:
+        """Request a pause and wait until every training worker holds it (or has finished). A worker that
+        exits meanwhile is handled as in _supervise (a lost ddp rank fails the run, which stops the paused
+        ones); one that does not reach a step boundary within remote_timeout_s is hung: terminated and
+        lost."""
+        generation = self.progress.request_pause()
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            self._collect_exits(0.0005)
+            waiting = [r for r in sorted(self.training)
+                       if not self.progress.paused(r, generation) and self.progress.phase(r) != DONE]
+            if not waiting:
+                return
+            if time.monotonic() > deadline:
+                for rank in waiting:
+                    self._fail_hung(rank, "did not reach a step boundary to pause for evaluation")
+                return
+
+    def _record(self) -> dict:
+        wall = self.clock.elapsed()  # training time: the clock is paused while the driver evaluates
+        snap = self.progress.snapshot([r for r in range(self.cfg.replicas) if r not in self.lost])
+        acc, test_loss, train_acc = evaluate_job(self.model, self.job)
+        updates = self._updates(snap["steps"])
+        rec = {
+            "wall_s": round(wall, 3), "updates": updates, "examples": snap["examples"],
+            "examples_per_s": rate(snap["examples"], wall), "train_loss": snap["train_loss"],
+            "test_accuracy": acc, "train_accuracy": train_acc, "test_loss": test_loss,
+            "replicas_alive": self.cfg.replicas - len(self.lost),
+        }
+        if self.strategy == "hogwild":  # one shared vector, updated by every worker's steps with some staleness
+            rec.update(updates_per_shard=[updates], staleness_mean=snap["staleness_mean"],
+                       staleness_max=snap["staleness_max"])
+        self.rec.record(rec)
+        self.best = max(self.best, acc)
+        if self.cfg.target_accuracy and acc >= self.cfg.target_accuracy and self.time_to_target is None:
+            self.time_to_target = wall
+        for callback in self.callbacks:
+            callback(self, rec)
+        return rec
+
+    def _updates(self, steps: list[int]) -> int:
+        # Hogwild: every step of every worker is one update of the shared parameters. DDP: one synchronous
+        # step updates the model once (every rank applies the same averaged gradient).
+        return sum(steps) if self.strategy == "hogwild" else min(steps)
+
+    # ------------------------------------------------------------------ failures
+    def _worker_failed(self, rank: int, err: str) -> None:
+        self.lost[rank] = err
+        self.events.append({"event": "replica lost", "id": rank, "wall_s": self.clock.elapsed(),
+                            "error": err})
+        first_line = err.splitlines()[0] if err else ""
+        if self.strategy == "ddp":
+            # every rank meets every all-reduce: without this one the others can only wait, so the run ends
+            raise RoleFailedError(f"ddp rank {rank} failed ({first_line}); the other ranks cannot go on "
+                                  f"without it")
+        if not self.training:
+            raise RoleFailedError(f"every hogwild worker failed; the last, worker {rank}: {first_line}")
+        # Hogwild workers are independent: the rest keep training the shared parameters
+        self.rec.log(f"hogwild worker {rank} failed ({first_line}); continuing with {len(self.training)}")
+
+    def _check_hangs(self, last: dict[int, tuple[int, float]]) -> None:
+        now, steps = time.monotonic(), self.progress.steps()
+        for rank in sorted(self.training):
+            seen, since = last.get(rank, (-1, now))
+            if steps[rank] != seen:
+                last[rank] = (steps[rank], now)
+            elif now - since > self.timeout_s:
+                self._fail_hung(rank)
+
+    def _fail_hung(self, rank: int, why: str = "") -> None:
+        self._terminate(self.procs[rank])
+        self._reap(rank)
+        self._worker_failed(rank, f"made no progress for {self.timeout_s:g}s (remote_timeout_s)"
+                                  f"{': ' + why if why else ''}; terminated")
+
+    def _kill_pending(self) -> bool:
+        return bool(self.job.faults.kill_replica_at_step) and not self._killed_once
+
+    def _maybe_inject_fault(self) -> None:
+        """Kill worker kill_replica_id once the run's steps (every worker's, as the driver sees them) reach
+        kill_replica_at_step: a step count, unlike a time, puts the kill at the same point of every run."""
+        faults = self.job.faults
+        steps = self.progress.total_steps()
+        if not self._kill_pending() or steps < faults.kill_replica_at_step:
+            return
+        self._killed_once = True
+        pid = self.worker_pids.get(faults.kill_replica_id)
+        if pid is not None:
+            self.rec.log(f"fault injection: killing {self.strategy} worker {faults.kill_replica_id} at step "
+                         f"{steps}")
+            self.events.append({"event": "replica killed", "id": faults.kill_replica_id, "step": steps,
+                                "wall_s": self.clock.elapsed()})
+            os.kill(pid, signal.SIGKILL)
+
+    # ------------------------------------------------------------------ the run
+    def _supervise(self) -> None:
+        cfg = self.cfg
+        next_eval = cfg.eval_every_seconds
+        schedule = EvalSchedule(cfg.eval_every_seconds, self.rec.log)
+        last_progress: dict[int, tuple[int, float]] = {}
+        while True:
+            poll_s = 0.005 if self._kill_pending() else 0.25  # a pending kill watches the step count closely
+            self._collect_exits(min(next_eval - self.clock.elapsed(), poll_s))
+            if not self.training:  # every worker reached max_steps (the lost ones were counted above)
+                self.stop_reason = "step limit reached"
+                return
+            self._check_hangs(last_progress)
+            self._maybe_inject_fault()
+            if self.clock.elapsed() >= next_eval:
+                t0 = time.monotonic()
+                self._evaluate_paused()
+                next_eval = self.clock.elapsed() + schedule.interval(time.monotonic() - t0)
+                last_progress.clear()  # the workers were paused on purpose: no step then is not a hang
+            if self.time_to_target is not None:
+                self.stop_reason = "target accuracy reached"
+                return
+            if cfg.max_seconds and self.clock.elapsed() >= cfg.max_seconds:
+                self.stop_reason = "time budget spent"
+                return
+
+    def run(self) -> tuple[RunSummary, torch.Tensor]:
+        cfg = self.cfg
+        torch.set_num_threads(1)  # the driver only evaluates; leave the cores to the workers
+        self.rec.log(f"{self.strategy}: starting {cfg.replicas} worker processes "
+                     f"({self.ctx.get_start_method()}), {self.job.threads} torch thread(s) each, "
+                     f"{cfg.server_optimizer} lr {cfg.lr} ({self.num_parameters:,} parameters)")
+        failure: DistBeliefError | None = None
+        try:
+            self._start_workers()
+            self._wait_ready()
+            self.clock = Clock()  # like Downpour's: from the moment every worker is ready to train
+            self.progress.go()
+            try:
+                self._supervise()
+            except KeyboardInterrupt:
+                self.stop_reason = "interrupted"
+                self.rec.log("interrupted: stopping the workers, then a final evaluation")
+            except DistBeliefError as e:
+                failure = e
+                self.stop_reason = "failed"
+            # after a failure there is nothing to wait for: survivors of a broken DDP group hang or error
+            self._stop_workers(5.0 if failure else self.timeout_s)
+        finally:
+            self.progress.stop()
+            for p in self.procs.values():
+                if p.is_alive():
+                    self._terminate(p)
+        self.clock.pause()  # the workers are gone: what follows is not training
+        wall = self.clock.elapsed()
+        final = self._record()
+        summary = self._summary(final, wall)
+        flat = flatten(self.model)  # a new vector (torch.cat copies), not a view of the shared memory
+        if failure is not None:
+            summary.error = str(failure)
+            self.rec.finish(summary.to_dict(), flat)  # the partial run is still a valid run directory
+            raise failure
+        return summary, flat
+
+    def _summary(self, final: dict, wall: float) -> RunSummary:
+        """Hogwild's workers update one shared vector (one "shard", with staleness); DDP's ranks have no owner
+        of the parameters: no shards, no staleness (every rank applies the same averaged gradient). Neither
+        restarts a worker nor refuses a gradient: those fields do not apply."""
+        cfg = self.cfg
+        steps = self.progress.steps()
+        updates = self._updates(steps)
+        summary = RunSummary(
+            strategy=self.strategy,
+            runtime="torch.multiprocessing" if self.strategy == "hogwild" else "torch.distributed (gloo)",
+            replicas=cfg.replicas, num_parameters=self.num_parameters,
+            final_test_accuracy=final["test_accuracy"],
+            best_test_accuracy=max(self.best, final["test_accuracy"]),
+            target_accuracy=cfg.target_accuracy or None, time_to_target_s=self.time_to_target,
+            examples=final["examples"], examples_per_s=rate(final["examples"], wall),
+            updates=updates, steps_per_replica=steps, stop_reason=self.stop_reason, wall_s=wall,
+            events=self.events, threads=self.job.threads, start_method=self.ctx.get_start_method(), partitions=1,
+            server_optimizer=cfg.server_optimizer, replicas_lost=len(self.lost),
+        )
+        if self.strategy == "hogwild":
+            summary.shards, summary.updates_per_shard = 1, [updates]
+            summary.staleness_mean, summary.staleness_max = final["staleness_mean"], final["staleness_max"]
+        else:
+            digests = [self.reports.get(r, {}).get("param_digest") for r in range(cfg.replicas)]
+            summary.global_batch_size = cfg.replicas * cfg.batch_size
+            summary.rank_param_digests = digests
+            # every rank's final bits, and the driver's view of rank 0's shared parameters, are the same
+            summary.ranks_in_sync = (None if None in digests
+                                     else len(set(digests + [param_digest(self.model)])) == 1)
+        return summary
+
+def run_hogwild(job, recorder: RunRecorder, callbacks: list | None = None) -> tuple[RunSummary, torch.Tensor]:
+    """Hogwild! over ``job.cfg.replicas`` processes sharing the parameters lock-free. Returns (summary, flat).
+
+    Raises RoleFailedError / RemoteTimeoutError naming the worker when a worker fails to start, or when every
+    worker has failed (the run directory is still written). The user's script needs the usual
+    ``if __name__ == "__main__":`` guard: workers are started with forkserver or spawn.
+    """
+    return MultiprocessRun(job, recorder, "hogwild", callbacks).run()
+
+
+def run_ddp(job, recorder: RunRecorder, callbacks: list | None = None) -> tuple[RunSummary, torch.Tensor]:
+    """Synchronous data parallelism with DistributedDataParallel (gloo, CPU) over ``job.cfg.replicas`` ranks
+    on this machine. Returns (summary, flat) with rank 0's final parameters.
+
+    Raises RoleFailedError / RemoteTimeoutError naming the rank when any rank fails or hangs (the run
+    directory is still written with the partial results).
+    """
+    return MultiprocessRun(job, recorder, "ddp", callbacks).run()

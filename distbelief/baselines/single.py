@@ -1,0 +1,63 @@
+"""Single-process SGD: the paper's single-replica baseline, a plain torch training loop in this process."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from distbelief.baselines.loop import OneReplicaRun
+from distbelief.data.batches import BatchSource
+from distbelief.metrics import RunRecorder
+from distbelief.summary import RunSummary
+
+
+def make_torch_optimizer(cfg, params):
+    """``torch.optim`` for ``cfg.server_optimizer`` (SGD or Adagrad) with the run's settings."""
+    if cfg.server_optimizer == "adagrad":
+        return torch.optim.Adagrad(params, lr=cfg.lr, eps=cfg.adagrad_eps,
+                                   initial_accumulator_value=cfg.adagrad_initial_accumulator)
+    return torch.optim.SGD(params, lr=cfg.lr)
+
+
+class SingleProcessRun(OneReplicaRun):
+    """One model trained step by step in this process on all the training data."""
+
+    def __init__(self, job, recorder: RunRecorder):
+        from distbelief.job import materialize
+
+        super().__init__(job, recorder)
+        cfg = job.cfg
+        torch.set_num_threads(job.threads)
+        torch.manual_seed(cfg.seed)
+        self.model = job.model_fn()
+        ds = materialize(job.train_data)
+        self.batches = BatchSource(ds, range(len(ds)), cfg.batch_size, seed=cfg.seed * 7919)
+        self.opt = make_torch_optimizer(cfg, self.model.parameters())
+        recorder.log(f"single-process {cfg.server_optimizer} with {job.threads} torch thread(s) "
+                     f"({sum(p.numel() for p in self.model.parameters()):,} parameters)")
+
+    def train_until_eval(self) -> None:
+        while True:
+            x, y = self.batches.next_batch()
+            self.opt.zero_grad(set_to_none=False)
+            loss = self.job.loss_fn(self.model(x), y)
+            loss.backward()
+            self.opt.step()
+            self.steps += 1
+            self.examples += len(y)
+            lv = loss.item()
+            self.loss_ema = lv if math.isnan(self.loss_ema) else 0.9 * self.loss_ema + 0.1 * lv
+            if self.eval_due() or self.limit_reached():
+                return
+
+    def model_now(self) -> torch.nn.Module:
+        return self.model
+
+    def summary_fields(self) -> dict:
+        return {"threads": self.job.threads}
+
+
+def run_single_process(job, recorder: RunRecorder) -> tuple[RunSummary, torch.Tensor]:
+    """Train with ``torch.optim`` (SGD or Adagrad, as ``server_optimizer``) on all the training data."""
+    return SingleProcessRun(job, recorder).run()

@@ -1,0 +1,169 @@
+"""The run's parameter shards, from the driver's side: start them (fresh, or from a resumed run's checkpoints),
+read them, checkpoint them, and restart one whose process died — from its checkpoint and, with
+``--durability log``, its write-ahead log — while the replicas keep training.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from functools import partial
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from distbelief.exceptions import RoleFailedError
+from distbelief.ps.shard import Durability, ParameterShard
+from distbelief.ps.sharding import ShardLayout
+from distbelief.resume import drop_retired
+from distbelief.runtime.base import Role, Runtime
+
+
+def durability_for(cfg) -> tuple[Durability | None, tempfile.TemporaryDirectory | None]:
+    """The shards' durability settings for ``cfg`` (None with ``--durability off``), and the temporary directory
+    that holds the checkpoints of a run without a run directory (kept alive by the caller)."""
+    if cfg.durability == "off":
+        return None, None
+    tmp = None
+    if cfg.out:
+        root = Path(cfg.out) / "checkpoints"
+    else:
+        tmp = tempfile.TemporaryDirectory(prefix="distbelief-ckpt-")
+        root = Path(tmp.name)
+    return Durability(str(root.resolve()), every_updates=cfg.checkpoint_every_updates,
+                      every_seconds=cfg.checkpoint_every_seconds, wal=cfg.durability == "log",
+                      log_max_bytes=int(cfg.log_max_mb * 2**20)), tmp
+
+
+class ServerShards:
+    """The K parameter shards of one run and the driver's client to them.
+
+    Args:
+        init: the initial flat parameters (a restarted shard with no checkpoint yet starts from its range of it).
+        server_state: a resumed run's shard state (``resume.load_server_state``), or None for a fresh start.
+        hand_over: ``hand_over(shard_id, handle) -> acked`` points every running replica at a restarted shard and
+            returns the highest version of the dead one any replica saw acknowledged (to count updates lost).
+        on_event: ``on_event(record)`` for each restored shard (the trainer adds the training-clock time).
+    """
+
+    def __init__(self, cfg, runtime: Runtime, log: Callable[[str], None], optimizer, init: torch.Tensor,
+                 durability: Durability | None, server_state, hand_over: Callable[[int, object], int],
+                 on_event: Callable[[dict], None], prev: dict):
+        self.cfg, self.runtime, self.log = cfg, runtime, log
+        self.optimizer, self.init, self.durability = optimizer, init, durability
+        self.hand_over, self.on_event = hand_over, on_event
+        self.timeout_s = cfg.remote_timeout_s
+        self.total = init.numel()
+        self.layout = ShardLayout.balanced(self.total, cfg.shards)
+        self.roles: list[Role] = []
+        for k in range(cfg.shards):
+            lo, hi = self.layout.range(k)
+            if server_state is not None:
+                values, opt_state, counters = server_state.slice_for(lo, hi)
+                factory = partial(ParameterShard, k, lo, hi, values.numpy(), optimizer, self.total, durability,
+                                  {n: v.numpy() for n, v in opt_state.items()}, counters)
+            else:
+                factory = partial(ParameterShard, k, lo, hi, init[lo:hi].numpy(), optimizer, self.total,
+                                  durability)
+            self.roles.append(runtime.create_shard(k, factory))
+        self.client = runtime.shard_client(self.roles, self.layout)
+        self.restarts = prev.get("shard_restarts", 0)
+        self.updates_lost = prev.get("updates_lost", 0)
+        self.recovery_s: list[float] = []
+        self._restarts_by_id = [0] * cfg.shards
+
+    def wait_ready(self, retired) -> None:
+        """Wait for every shard to be up, then write a base checkpoint per shard (its range and state are on disk
+        before any push: a resume needs them) and drop a resumed run's retired checkpoints."""
+        for s in self.roles:
+            self.runtime.call(s, "stats").result(max(self.timeout_s, 180.0))
+        self.checkpoint()
+        drop_retired(retired)
+
+    def check(self) -> None:
+        """Restart any shard whose process died (from its checkpoint + log), while the replicas keep going."""
+        futs = [(k, self.runtime.call(s, "stats")) for k, s in enumerate(self.roles)]
+        for k, f in futs:
+            try:
+                f.result(self.timeout_s)
+            except RoleFailedError as e:
+                self.restart(k, e)
+
+    def restart(self, k: int, err: Exception) -> None:
+        if self.durability is None:
+            raise RoleFailedError(f"parameter shard {k} died ({err}) and --durability is off: its parameters are "
+                                  f"lost (use --durability snapshot or log to survive this)") from err
+        if self._restarts_by_id[k] >= self.cfg.max_shard_restarts:
+            raise RoleFailedError(f"parameter shard {k} died again after {self.cfg.max_shard_restarts} restarts "
+                                  f"(max_shard_restarts)") from err
+        t0 = time.monotonic()
+        self.log(f"parameter shard {k} died ({err}); restarting it from its checkpoint")
+        try:
+            self.runtime.kill(self.roles[k])
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+        lo, hi = self.layout.range(k)
+        role = self.runtime.create_shard(k, partial(
+            ParameterShard.restore, k, lo, hi, self.optimizer, self.total, self.durability,
+            self.init[lo:hi].numpy()))
+        st = self.runtime.call(role, "stats").result(max(self.timeout_s, 180.0))
+        self.roles[k] = role
+        self.client.replace_shard(k, role.handle)
+        # The highest version of the dead shard any replica saw acknowledged (replicas with co-located updates
+        # were not blocked on the dead shard's process and may have applied more to its memory until now).
+        acked = self.hand_over(k, role.handle)
+        lost = max(0, acked - st["updates"])
+        self._restarts_by_id[k] += 1
+        self.restarts += 1
+        self.updates_lost += lost
+        self.recovery_s.append(time.monotonic() - t0)
+        self.on_event({"event": "shard restored", "id": k, "updates_lost": lost,
+                       "replayed_updates": st["replayed_updates"]})
+        for msg in st.get("corrupt_checkpoints") or []:
+            self.log(f"parameter shard {k}: skipped a damaged checkpoint: {msg}")
+        self.log(f"parameter shard {k} restored at version {st['updates']} (checkpoint "
+                 f"{st['restored_from_version']} + {st['replayed_updates']} logged updates) in "
+                 f"{self.recovery_s[-1]:.2f}s; updates lost: {lost}")
+
+    def read(self, fn):
+        """Run a driver-side read of the shards; if a shard turns out dead, restart it and read again."""
+        for attempt in range(self.cfg.max_shard_restarts + 1):
+            try:
+                return fn()
+            except RoleFailedError:
+                if attempt == self.cfg.max_shard_restarts:
+                    raise
+                self.check()
+
+    def params(self) -> torch.Tensor:
+        """The server's flat parameters (a copy)."""
+        parts, _ = self.client.fetch_async().result(self.timeout_s)
+        flat = torch.empty(self.total, dtype=torch.float32)
+        out = flat.numpy()
+        for lo, values in parts:
+            out[lo : lo + len(values)] = values  # numpy copy: the values may be a read-only view of Ray's store
+        return flat
+
+    def stats(self) -> list[dict]:
+        futs = [self.runtime.call(s, "stats") for s in self.roles]
+        return [f.result(self.timeout_s) for f in futs]
+
+    def checkpoint(self) -> None:
+        """Ask every shard to write a checkpoint now (start and end of a run, Ctrl-C)."""
+        if self.durability is None:
+            return
+        futs = [self.runtime.call(s, "checkpoint") for s in self.roles]
+        for f in futs:
+            f.result(self.timeout_s)
+
+    def kill(self, k: int) -> None:
+        """Fault injection: shard ``k``'s process dies."""
+        self.runtime.kill(self.roles[k])
+
+
+def staleness(stats: list[dict]) -> tuple[float, int]:
+    """``(mean, max)`` staleness over every push the shards applied."""
+    count = sum(s["staleness_count"] for s in stats)
+    return (sum(s["staleness_sum"] for s in stats) / count if count else 0.0,
+            max(s["staleness_max"] for s in stats))

@@ -1,0 +1,102 @@
+"""The run summary (``summary.json``): one typed record that every strategy fills in.
+
+The fields every run has come first and are required (``summary.json`` always holds them; ``target_accuracy``
+and ``time_to_target_s`` are null when no target was set or it was not reached). The rest belong to some
+strategies only and default to None, which means "does not apply to this run" — never a placeholder zero: a
+single-process SGD run has no parameter shards, so it reports no staleness, no rejected pushes and no restarts,
+rather than zeros a reader would take for measurements. ``to_dict()`` leaves those out of ``summary.json``.
+
+A strategy that reported a field this class does not name would fail here (``TypeError``), so a misspelt or
+undocumented key cannot slip into the summary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from typing import Any
+
+
+@dataclass
+class RunSummary:
+    # -- every run --
+    strategy: str
+    runtime: str
+    replicas: int
+    num_parameters: int
+    final_test_accuracy: float
+    best_test_accuracy: float
+    target_accuracy: float | None  # the user's target (None: none set)
+    time_to_target_s: float | None  # None: the target was not reached (or none was set)
+    examples: int
+    examples_per_s: float
+    updates: int  # parameter updates applied (a shard push, an optimizer step, an L-BFGS step)
+    steps_per_replica: list[int]
+    stop_reason: str
+    wall_s: float
+    events: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None  # set when the run ended on a failure (the run directory is still written)
+
+    # -- how the run was placed --
+    threads: int | None = None  # torch threads per process (single-process and torch.multiprocessing runs)
+    start_method: str | None = None  # torch.multiprocessing baselines
+    partitions: int | None = None  # model-parallel partitions per replica
+    evaluation: str | None = None  # "paused" / "concurrent" (strategies with a parameter server)
+    durability: str | None = None
+
+    # -- the parameters' owner: shards, or one shared vector --
+    shards: int | None = None
+    server_optimizer: str | None = None
+    updates_per_shard: list[int] | None = None
+    staleness_mean: float | None = None  # in updates, over every applied push (asynchronous strategies)
+    staleness_max: int | None = None
+    rejected_pushes: int | None = None  # non-finite gradients the shards refused
+
+    # -- Downpour's data plane (the replicas' latest incarnations) --
+    push_fetch_calls: int | None = None
+    replicas_zero_copy: int | None = None
+    replicas_colocated: int | None = None
+
+    # -- failures --
+    replica_restarts: int | None = None
+    replicas_lost: int | None = None
+    replica_recovery_s: list[float] | None = None
+    shard_restarts: int | None = None
+    updates_lost: int | None = None
+    shard_recovery_s: list[float] | None = None
+
+    # -- model parallelism --
+    partition_bytes_per_step: list[float] | None = None
+    partition_messages_per_step: list[float] | None = None
+
+    # -- DDP --
+    global_batch_size: int | None = None
+    rank_param_digests: list[str | None] | None = None
+    ranks_in_sync: bool | None = None
+
+    # -- Sandblaster L-BFGS --
+    iterations: int | None = None
+    iterations_redone: int | None = None
+    gradient_evals: int | None = None
+    line_search_evals: int | None = None
+    portions_done: int | None = None
+    portions_duplicated: int | None = None
+    backup_tasks_issued: int | None = None
+    portions_requeued: int | None = None
+    final_train_loss: float | None = None
+    batch_size: int | None = None
+    portion_size: int | None = None
+    history: int | None = None
+    mean_iteration_s: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """What ``summary.json`` holds, in declaration order: every run's fields (``time_to_target_s`` is null
+        when the target was not reached), and the others where they apply to this run."""
+        return {k: v for k, v in asdict(self).items() if v is not None or k in _EVERY_RUN}
+
+
+_EVERY_RUN = frozenset(f.name for f in fields(RunSummary) if f.default is MISSING and f.default_factory is MISSING)
+
+
+def rate(examples: int, wall_s: float) -> float:
+    """Examples per second over a run's training time (0 for a run that did not start)."""
+    return examples / wall_s if wall_s > 0 else 0.0
