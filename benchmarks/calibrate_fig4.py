@@ -55,8 +55,8 @@ def variants(cores: int) -> dict[str, dict]:
         "ddp lr=2": m("ddp", lr=2.0),
         "ddp lr=4": m("ddp", lr=4.0),
         "sandblaster b=16384": m("sandblaster"),
-        "sandblaster b=4096": m("sandblaster", batch_size=4096, portion_size=512),
-        "sandblaster b=2048": m("sandblaster", batch_size=2048, portion_size=256),
+        "sandblaster b=4096": m("sandblaster", lbfgs_batch=4096, portion_size=512),
+        "sandblaster b=2048": m("sandblaster", lbfgs_batch=2048, portion_size=256),
     }
 
 

@@ -35,7 +35,7 @@ def main() -> None:
     args = ap.parse_args()
     base = dict(task="speech", model=args.model, num_classes=args.classes, num_samples=20000,
                 batch_size=args.batch_size, max_seconds=args.seconds, eval_every_seconds=10 * args.seconds,
-                server_optimizer="adagrad", lr=0.002, seed=0, durability="off")
+                optimizer="adagrad", lr=0.002, seed=0, durability="off")
     ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, logging_level="ERROR",
              _system_config={"max_direct_call_object_size": 512 * 1024})
     rows = []

@@ -48,7 +48,7 @@ def conditions(replicas: int, slowdown: float) -> list[tuple[str, dict, dict]]:
 def run_once(args, overrides: dict, straggler: dict) -> dict:
     cfg = RunConfig(runtime="ray", strategy="sandblaster", task="mnist1d", model="mlp-small",
                     num_samples=args.num_samples, replicas=args.replicas, shards=args.shards,
-                    batch_size=args.num_samples, portion_size=args.portion_size,
+                    lbfgs_batch=args.num_samples, portion_size=args.portion_size,
                     push_every_portions=args.push_every_portions, history=10, max_steps=args.iterations,
                     max_seconds=0, eval_every_seconds=3600, **overrides)
     s = train_task(cfg, quiet=True, faults=Faults(portion_delay_s=args.portion_delay_s, **straggler)).summary
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     conds = conditions(args.replicas, args.slowdown)
     runs: dict[str, list[dict]] = {name: [] for name, _, _ in conds}
     train_task(RunConfig(runtime="ray", strategy="sandblaster", model="mlp-small", num_samples=args.num_samples,
-                         replicas=1, shards=1, batch_size=args.num_samples, max_steps=1, max_seconds=0,
+                         replicas=1, shards=1, lbfgs_batch=args.num_samples, max_steps=1, max_seconds=0,
                          eval_every_seconds=3600), quiet=True)  # warm-up: data cache, imports
     for r in range(args.repeats):
         for name, overrides, straggler in conds:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import signal
 import sys
 from dataclasses import fields
@@ -15,18 +16,20 @@ from distbelief.exceptions import ClusterUnreachableError, ConfigError, DistBeli
 CHOICES = {
     "task": ("mnist1d", "speech", "shapes"),
     "strategy": ("sgd", "sync", "downpour", "sandblaster", "hogwild", "ddp"),
-    "server_optimizer": ("sgd", "adagrad"),
+    "optimizer": ("auto", "sgd", "adagrad"),
     "runtime": ("ray", "inprocess"),
     "durability": ("off", "snapshot", "log"),
     "evaluation": ("auto", "paused", "concurrent"),
 }
 
 
+FORMER_FLAGS = {"optimizer": ("--server-optimizer",)}  # still accepted: older scripts and docs use them
+
 SECTION_TITLES = {
     "task": "task and model",
-    "run": "run (strategy, replicas, shards, partitions, rate, batch)",
+    "run": "run (strategy, replicas, shards, partitions, batch, update rule and rate)",
     "stop": "when to stop",
-    "downpour": "Downpour (and sync, sgd: the update rule)",
+    "downpour": "Downpour",
     "sandblaster": "Sandblaster L-BFGS",
     "eval": "evaluation",
     "durability": "shard durability",
@@ -62,8 +65,8 @@ def _add_train(sub) -> None:
                            f"--{'no-' if on else ''}{f.name.replace('_', '-')} to turn it {'off' if on else 'on'}]")
         else:
             # Values are parsed and validated by RunConfig so that errors name the setting consistently.
-            g.add_argument(flag, dest=f.name, default=None, metavar=f.name.upper(), help=help_text,
-                           choices=CHOICES.get(f.name))
+            g.add_argument(flag, *FORMER_FLAGS.get(f.name, ()), dest=f.name, default=None, metavar=f.name.upper(),
+                           help=help_text, choices=CHOICES.get(f.name))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -106,6 +109,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_SETTINGS = frozenset(f.name for f in fields(RunConfig)) | {"resume", "config"}
+
+
+def as_flags(err: ConfigError) -> str:
+    """A configuration error in the words of someone who typed flags: the setting it names becomes its flag
+    (``partitions:`` -> ``--partitions:``), and so do the settings its text names (``use partitions = 1`` ->
+    ``use --partitions 1``; ``(remote_timeout_s)`` -> ``(--remote-timeout-s)``). Errors about a TOML file keep
+    the file's words."""
+    text = str(err)
+    if ".toml" in text:
+        return text
+    flag = lambda name: "--" + name.replace("_", "-")  # noqa: E731
+
+    def setting_eq(m: re.Match) -> str:
+        return f"{flag(m[1])} {m[2].strip(chr(34))}" if m[1] in _SETTINGS else m[0]
+
+    head, sep, rest = text.partition(": ")
+    if sep and head in _SETTINGS:
+        text = f"{flag(head)}: {rest}"
+    text = re.sub(r"(?<![\w.-])([a-z_]+) = (\"[^\"]*\"|[^\s,;)]+)", setting_eq, text)
+    return re.sub(r"(?<![\w.-])([a-z]+_[a-z_]+)\b",
+                  lambda m: flag(m[1]) if m[1] in _SETTINGS else m[0], text)
+
+
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     if args.resume:
         if args.config:
@@ -124,8 +151,10 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     cfg = config_from(values)
     if not args.resume:  # a resumed run's config.toml holds every setting, used or not
         for name in ignored_by_strategy(values, cfg.strategy):
+            instead = " (sandblaster's batch is --lbfgs-batch)" if (name, cfg.strategy) == ("batch_size",
+                                                                                          "sandblaster") else ""
             print(f"distbelief: warning: --{name.replace('_', '-')} has no effect with --strategy {cfg.strategy} "
-                  f"(it is read by: {', '.join(APPLIES_TO[name])})", file=sys.stderr)
+                  f"(it is read by: {', '.join(APPLIES_TO[name])}){instead}", file=sys.stderr)
     if not cfg.out:
         from distbelief.metrics import default_run_dir
 
@@ -210,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {out}")
             return 0
     except ConfigError as e:
-        print(f"distbelief: error: {e}", file=sys.stderr)
+        print(f"distbelief: error: {as_flags(e)}", file=sys.stderr)
         return 2
     except ClusterUnreachableError as e:
         print(f"distbelief: error: {e}", file=sys.stderr)

@@ -27,13 +27,13 @@ from distbelief.exceptions import ConfigError
 
 __all__ = [
     "APPLIES_TO", "DURABILITY_MODES", "EVALUATION_MODES", "FIELD_HELP", "LOCAL_STRATEGIES", "RUNTIMES", "RunConfig",
-    "SECTIONS", "SERVER_OPTIMIZERS", "STRATEGIES", "config_from", "ignored_by_strategy", "load_toml",
+    "OPTIMIZERS", "SECTIONS", "STRATEGIES", "config_from", "ignored_by_strategy", "load_toml",
     "saved_run_values", "section_of",
 ]
 
 STRATEGIES = ("sgd", "sync", "downpour", "sandblaster", "hogwild", "ddp")
 LOCAL_STRATEGIES = ("hogwild", "ddp")  # torch.multiprocessing baselines: this machine, no parameter server
-SERVER_OPTIMIZERS = ("sgd", "adagrad")
+OPTIMIZERS = ("auto", "sgd", "adagrad")  # auto: adagrad on a parameter server (downpour, sync), sgd otherwise
 DURABILITY_MODES = ("off", "snapshot", "log")
 EVALUATION_MODES = ("auto", "paused", "concurrent")
 RUNTIMES = ("ray", "inprocess")
@@ -60,7 +60,7 @@ class RunConfig:
     partitions: int = 1
     fetch_every: int = 1
     push_every: int = 1
-    server_optimizer: str = "adagrad"
+    optimizer: str = "auto"
     lr: float = 0.0
     local_lr: float = 0.0
     adagrad_eps: float = 1e-10
@@ -92,7 +92,8 @@ class RunConfig:
     checkpoint_every_updates: int = 0
     log_max_mb: float = 1024.0
     max_shard_restarts: int = 5
-    # Sandblaster L-BFGS (strategy = "sandblaster"; batch_size is then the examples per L-BFGS iteration)
+    # Sandblaster L-BFGS (strategy = "sandblaster")
+    lbfgs_batch: int = 0
     portion_size: int = 0
     history: int = 10
     push_every_portions: int = 4
@@ -102,9 +103,11 @@ class RunConfig:
     def normalized(self) -> RunConfig:
         """A copy of this config with its derived settings filled in (this config is not changed):
 
-        - 0 ("auto") in ``num_classes``, ``lr``, ``batch_size`` and ``portion_size`` becomes the value of
+        - 0 ("auto") in ``num_classes``, ``lr``, ``batch_size``, ``lbfgs_batch`` and ``portion_size`` becomes the value of
           ``distbelief.defaults`` for the task, model and strategy (so config.toml records what the run really
           used); a value the user set is kept;
+        - ``optimizer = "auto"`` becomes Adagrad on a parameter server (downpour, sync: the paper's choice) and
+          plain SGD otherwise (sgd, hogwild, ddp; sandblaster does not read it);
         - ``strategy = "sgd"`` is one process by definition: its ``replicas`` becomes 1 (the count is not used).
 
         Raises ConfigError for a setting these depend on that is not valid: an unknown choice (task, model,
@@ -129,7 +132,7 @@ class RunConfig:
         choose("task", self.task, TASKS)
         choose("model", self.model, MODELS)
         choose("strategy", self.strategy, STRATEGIES)
-        choose("server_optimizer", self.server_optimizer, SERVER_OPTIMIZERS)
+        choose("optimizer", self.optimizer, OPTIMIZERS)
         choose("runtime", self.runtime, RUNTIMES)
         choose("durability", self.durability, DURABILITY_MODES)
         choose("evaluation", self.evaluation, EVALUATION_MODES)
@@ -139,7 +142,7 @@ class RunConfig:
         of ``distbelief.defaults``: ``{name: value}``. A value the user set is not in it."""
         import distbelief.defaults as defaults
 
-        for name in ("num_classes", "batch_size", "portion_size"):
+        for name in ("num_classes", "batch_size", "lbfgs_batch", "portion_size"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise ConfigError(name, f"must be an integer >= 0 (0 = the default for the model and strategy), "
@@ -149,15 +152,20 @@ class RunConfig:
             raise ConfigError("lr", f"must be > 0, or 0 for the recommended rate of the model, strategy and "
                                     f"server optimizer; got {self.lr!r}")
         out: dict[str, Any] = {}
+        optimizer = self.optimizer
+        if optimizer == "auto":
+            optimizer = out["optimizer"] = "adagrad" if self.strategy in ("downpour", "sync") else "sgd"
         if self.num_classes == 0:
             out["num_classes"] = defaults.default_num_classes(self.task, self.model)
         if self.lr == 0:
-            out["lr"] = defaults.recommended_lr(self.model, self.strategy, self.server_optimizer)
-        batch_size = self.batch_size
-        if batch_size == 0:
-            batch_size = out["batch_size"] = defaults.default_batch_size(self.strategy)
+            out["lr"] = defaults.recommended_lr(self.model, self.strategy, optimizer)
+        if self.batch_size == 0:
+            out["batch_size"] = defaults.MINIBATCH
+        lbfgs_batch = self.lbfgs_batch
+        if lbfgs_batch == 0:
+            lbfgs_batch = out["lbfgs_batch"] = defaults.SANDBLASTER_BATCH
         if self.portion_size == 0:
-            out["portion_size"] = defaults.default_portion_size(self.strategy, batch_size)
+            out["portion_size"] = defaults.default_portion_size(self.strategy, lbfgs_batch)
         return out
 
     # ---------------------------------------------------------------- validation
@@ -233,12 +241,12 @@ class RunConfig:
             return
         if self.partitions > 1:
             raise ConfigError("partitions", "sandblaster runs unpartitioned replicas; use partitions = 1")
-        if self.portion_size * self.replicas > self.batch_size:
+        if self.portion_size * self.replicas > self.lbfgs_batch:
             import warnings
 
             # stacklevel 4: the caller of validate() (validate -> _check -> _check_sandblaster)
-            warnings.warn(f"portion_size ({self.portion_size}) x replicas ({self.replicas}) exceeds batch_size "
-                          f"({self.batch_size}): portions are not much smaller than batch/replicas, so load "
+            warnings.warn(f"portion_size ({self.portion_size}) x replicas ({self.replicas}) exceeds lbfgs_batch "
+                          f"({self.lbfgs_batch}): portions are not much smaller than batch/replicas, so load "
                           f"balancing and backup tasks have little room; lower portion_size", stacklevel=4)
 
     def to_dict(self) -> dict[str, Any]:
@@ -265,15 +273,18 @@ FIELD_HELP: dict[str, str] = {
                   "mlp and speech models)",
     "fetch_every": "n_fetch: fetch parameters every N steps",
     "push_every": "n_push: push the accumulated gradient every N steps",
-    "server_optimizer": "update rule on the shards: sgd (fixed rate) or adagrad (the paper's)",
+    "optimizer": "update rule: sgd (fixed rate) or adagrad (the paper's, a rate per parameter); applied by the "
+                 "shards for downpour and sync, by torch.optim for sgd, hogwild and ddp; auto = adagrad for downpour "
+                 "and sync, sgd otherwise",
     "lr": "learning rate of the update rule (gamma for adagrad, eta for sgd), on the shards or in the sgd, "
           "hogwild and ddp workers (0 = the recommended rate for the model, strategy and server optimizer, "
           "from distbelief/defaults.py: e.g. mlp 0.05 with adagrad; unused by sandblaster's L-BFGS)",
     "local_lr": "alpha: the replica's local step between fetches (0 = none, as in the paper's experiments)",
     "adagrad_eps": "epsilon added to sqrt(sum g^2) (not in the paper)",
     "adagrad_initial_accumulator": "initial value of adagrad's sum of squared gradients",
-    "batch_size": "minibatch size per replica step (sandblaster: examples per L-BFGS iteration; >= the training "
-                  "set = full batch) (0 = 32, or 8000 for sandblaster)",
+    "batch_size": "minibatch size per replica step (0 = 32; sandblaster's batch is lbfgs_batch)",
+    "lbfgs_batch": "sandblaster: examples per L-BFGS iteration (the batch of its gradient; >= the training set = "
+                   "full batch) (0 = 8000)",
     "warmstart_steps": "steps one replica trains alone before the others join",
     "init_params": "start every model from these parameters: a params.safetensors file or the run directory "
                    "holding one (e.g. a short single-process run: the paper's shared warmstart for Fig. 4)",
@@ -314,7 +325,7 @@ FIELD_HELP: dict[str, str] = {
                   "starts a new log (bounds the disk use: at most about 2x this per shard)",
     "max_shard_restarts": "how many times a dead parameter shard is restarted from its checkpoint",
     "portion_size": "sandblaster: examples per portion, the unit of work handed to a free replica (keep it much "
-                    "smaller than batch_size / replicas) (0 = batch_size / 16)",
+                    "smaller than lbfgs_batch / replicas) (0 = lbfgs_batch / 16)",
     "history": "sandblaster: L-BFGS memory m, the number of (s, y) pairs kept on the shards",
     "push_every_portions": "sandblaster: a replica sends its accumulated gradient after this many portions",
     "backup_tasks": "sandblaster: near the end of a batch, also give running portions to idle replicas "
@@ -348,7 +359,7 @@ APPLIES_TO: dict[str, tuple[str, ...]] = {
     **{name: ("sandblaster",) for name in SECTIONS["sandblaster"]},
     **{name: _WITH_SERVER for name in SECTIONS["durability"]},
     **{name: ("sgd", "sync", "downpour", "hogwild", "ddp")
-       for name in ("server_optimizer", "lr", "adagrad_eps", "adagrad_initial_accumulator")},
+       for name in ("optimizer", "lr", "adagrad_eps", "adagrad_initial_accumulator", "batch_size")},
 }
 
 

@@ -19,12 +19,11 @@ from distbelief.exceptions import ConfigError
 # (a run directory's config.toml does); in a section, a setting must be one of that section's.
 SECTIONS: dict[str, tuple[str, ...]] = {
     "task": ("task", "model", "num_samples", "num_classes", "class_prior"),
-    "run": ("strategy", "replicas", "shards", "partitions", "batch_size", "lr", "seed", "out", "tensorboard",
-            "runtime", "threads", "init_params"),
+    "run": ("strategy", "replicas", "shards", "partitions", "batch_size", "optimizer", "lr", "adagrad_eps",
+            "adagrad_initial_accumulator", "seed", "out", "tensorboard", "runtime", "threads", "init_params"),
     "stop": ("max_steps", "max_seconds", "target_accuracy"),
-    "downpour": ("fetch_every", "push_every", "server_optimizer", "local_lr", "adagrad_eps",
-                 "adagrad_initial_accumulator", "overlap", "warmstart_steps", "max_replica_restarts"),
-    "sandblaster": ("portion_size", "history", "push_every_portions", "backup_tasks"),
+    "downpour": ("fetch_every", "push_every", "local_lr", "overlap", "warmstart_steps", "max_replica_restarts"),
+    "sandblaster": ("lbfgs_batch", "portion_size", "history", "push_every_portions", "backup_tasks"),
     "eval": ("eval_every_seconds", "evaluation", "eval_samples", "train_eval_samples"),
     "durability": ("durability", "checkpoint_every_seconds", "checkpoint_every_updates", "log_max_mb",
                    "max_shard_restarts"),
@@ -99,7 +98,7 @@ def coerce_value(name: str, typ, raw: Any) -> Any:
 
 
 # ---------------------------------------------------------------- settings of older runs
-LEGACY = {"wal": "durability"}
+LEGACY = {"wal": "durability", "server_optimizer": "optimizer"}
 # Fault injection and straggler emulation were settings once; they are test tooling now (distbelief.testing).
 # A run directory written then still resumes (saved_run_values drops them: a fault never fires again on resume);
 # anywhere else they are refused with a message saying where they went.
@@ -109,9 +108,12 @@ FORMER_TEST_HOOKS = ("kill_replica_at_step", "kill_replica_id", "kill_partition_
 
 
 def upgrade_legacy(values: dict[str, Any]) -> dict[str, Any]:
-    """Settings of runs written before ``durability`` replaced ``wal`` (their config.toml must still resume):
+    """Settings of older runs (their config.toml must still resume): ``server_optimizer`` is ``optimizer`` (the update rule of every SGD-family strategy, not
+    only a server's); before ``durability`` replaced ``wal``,
     ``wal = true`` is ``durability = "log"``; ``wal = false`` is ``"snapshot"``, or ``"off"`` when checkpoints
     were off too. Changes ``values`` in place and returns it."""
+    if "server_optimizer" in values:
+        values.setdefault("optimizer", values.pop("server_optimizer"))
     if "wal" in values:
         wal = str(values.pop("wal")).lower() in ("1", "true", "yes", "on")
         if "durability" not in values:
@@ -128,5 +130,9 @@ def refuse_former_test_hook(name: str) -> None:
 
 
 def saved_run_values(values: dict[str, Any]) -> dict[str, Any]:
-    """The settings of a run directory's config.toml, as a resume reads them (FORMER_TEST_HOOKS dropped)."""
-    return {k: v for k, v in values.items() if k not in FORMER_TEST_HOOKS}
+    """The settings of a run directory's config.toml, as a resume reads them: FORMER_TEST_HOOKS dropped, and a
+    sandblaster run written before ``lbfgs_batch`` existed keeps its L-BFGS batch (it was ``batch_size``)."""
+    out = {k: v for k, v in values.items() if k not in FORMER_TEST_HOOKS}
+    if out.get("strategy") == "sandblaster" and "batch_size" in out and "lbfgs_batch" not in out:
+        out["lbfgs_batch"] = out["batch_size"]
+    return out

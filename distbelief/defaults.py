@@ -48,31 +48,27 @@ RECOMMENDED_LR: dict[tuple[str, str], float] = {
 FALLBACK_LR = {"adagrad": 0.01, "sgd": 0.05}  # a model not in the table (none shipped today)
 
 
-def recommended_lr(model: str, strategy: str, server_optimizer: str) -> float:
+def recommended_lr(model: str, strategy: str, optimizer: str) -> float:
     """The rate that ``lr = 0`` means for this model and update rule. Sandblaster's L-BFGS takes no rate (its
     line search chooses every step), so it gets the rule's rate only to have a number in config.toml."""
-    return RECOMMENDED_LR.get((model, server_optimizer), FALLBACK_LR[server_optimizer])
+    return RECOMMENDED_LR.get((model, optimizer), FALLBACK_LR[optimizer])
 
 
 # ---------------------------------------------------------------- sandblaster's batch and portions
 MINIBATCH = 32  # examples per replica step for the SGD-family strategies
-SANDBLASTER_BATCH = 8000  # examples per L-BFGS iteration: large enough for a useful curvature estimate
+# lbfgs_batch = 0: examples per L-BFGS iteration. Thousands: 32 would give a noisy gradient and a useless
+# curvature estimate.
+SANDBLASTER_BATCH = 8000
 SANDBLASTER_PORTIONS_PER_BATCH = 16  # portion = batch / 16: room for load balancing and backup tasks
-
-
-def default_batch_size(strategy: str) -> int:
-    """``batch_size = 0``: a minibatch for the SGD family; for Sandblaster a batch per L-BFGS iteration, which
-    needs thousands of examples (32 gives it a noisy gradient and a useless curvature estimate)."""
-    return SANDBLASTER_BATCH if strategy == "sandblaster" else MINIBATCH
 
 
 UNUSED_PORTION = 64  # the other strategies have no portions; a fixed number keeps their config.toml stable
 
 
-def default_portion_size(strategy: str, batch_size: int) -> int:
-    """``portion_size = 0``: for Sandblaster a sixteenth of the batch (at least 1): small enough to balance the
+def default_portion_size(strategy: str, lbfgs_batch: int) -> int:
+    """``portion_size = 0``: for Sandblaster a sixteenth of the L-BFGS batch (at least 1): small enough to balance the
     replicas and leave room for backup tasks, large enough that a portion's round trip does not dominate its
     compute. The other strategies do not use it."""
     if strategy != "sandblaster":
         return UNUSED_PORTION
-    return max(1, batch_size // SANDBLASTER_PORTIONS_PER_BATCH)
+    return max(1, lbfgs_batch // SANDBLASTER_PORTIONS_PER_BATCH)

@@ -45,7 +45,7 @@ class RunSummary:
 
     # -- the parameters' owner: shards, or one shared vector --
     shards: int | None = None
-    server_optimizer: str | None = None
+    optimizer: str | None = None
     updates_per_shard: list[int] | None = None
     staleness_mean: float | None = None  # in updates, over every applied push (asynchronous strategies)
     staleness_max: int | None = None
@@ -83,7 +83,7 @@ class RunSummary:
     backup_tasks_issued: int | None = None
     portions_requeued: int | None = None
     final_train_loss: float | None = None
-    batch_size: int | None = None
+    lbfgs_batch: int | None = None
     portion_size: int | None = None
     history: int | None = None
     mean_iteration_s: float | None = None

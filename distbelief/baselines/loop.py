@@ -107,7 +107,7 @@ class OneReplicaRun:
             target_accuracy=self.cfg.target_accuracy or None, time_to_target_s=self.time_to_target,
             examples=self.examples, examples_per_s=rate(self.examples, wall), updates=self.steps,
             steps_per_replica=[self.steps], stop_reason=self.stop_reason, wall_s=wall,
-            server_optimizer=self.cfg.server_optimizer, partitions=self.cfg.partitions, **self.summary_fields(),
+            optimizer=self.cfg.optimizer, partitions=self.cfg.partitions, **self.summary_fields(),
         )
         return summary, flat
 

@@ -297,7 +297,7 @@ class MultiprocessRun:
         torch.set_num_threads(1)  # the driver only evaluates; leave the cores to the workers
         self.rec.log(f"{self.strategy}: starting {cfg.replicas} worker processes "
                      f"({self.ctx.get_start_method()}), {self.job.threads} torch thread(s) each, "
-                     f"{cfg.server_optimizer} lr {cfg.lr} ({self.num_parameters:,} parameters)")
+                     f"{cfg.optimizer} lr {cfg.lr} ({self.num_parameters:,} parameters)")
         failure: DistBeliefError | None = None
         try:
             self._start_workers()
@@ -347,7 +347,7 @@ class MultiprocessRun:
             examples=final["examples"], examples_per_s=rate(final["examples"], wall),
             updates=updates, steps_per_replica=steps, stop_reason=self.stop_reason, wall_s=wall,
             events=self.events, threads=self.job.threads, start_method=self.ctx.get_start_method(), partitions=1,
-            server_optimizer=cfg.server_optimizer, replicas_lost=len(self.lost),
+            optimizer=cfg.optimizer, replicas_lost=len(self.lost),
         )
         if self.strategy == "hogwild":
             summary.shards, summary.updates_per_shard = 1, [updates]

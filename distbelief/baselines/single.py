@@ -13,8 +13,8 @@ from distbelief.summary import RunSummary
 
 
 def make_torch_optimizer(cfg, params):
-    """``torch.optim`` for ``cfg.server_optimizer`` (SGD or Adagrad) with the run's settings."""
-    if cfg.server_optimizer == "adagrad":
+    """``torch.optim`` for ``cfg.optimizer`` (SGD or Adagrad) with the run's settings."""
+    if cfg.optimizer == "adagrad":
         return torch.optim.Adagrad(params, lr=cfg.lr, eps=cfg.adagrad_eps,
                                    initial_accumulator_value=cfg.adagrad_initial_accumulator)
     return torch.optim.SGD(params, lr=cfg.lr)
@@ -34,7 +34,7 @@ class SingleProcessRun(OneReplicaRun):
         ds = materialize(job.train_data)
         self.batches = BatchSource(ds, range(len(ds)), cfg.batch_size, seed=cfg.seed * 7919)
         self.opt = make_torch_optimizer(cfg, self.model.parameters())
-        recorder.log(f"single-process {cfg.server_optimizer} with {job.threads} torch thread(s) "
+        recorder.log(f"single-process {cfg.optimizer} with {job.threads} torch thread(s) "
                      f"({sum(p.numel() for p in self.model.parameters()):,} parameters)")
 
     def train_until_eval(self) -> None:
@@ -59,5 +59,5 @@ class SingleProcessRun(OneReplicaRun):
 
 
 def run_single_process(job, recorder: RunRecorder) -> tuple[RunSummary, torch.Tensor]:
-    """Train with ``torch.optim`` (SGD or Adagrad, as ``server_optimizer``) on all the training data."""
+    """Train with ``torch.optim`` (SGD or Adagrad, as ``optimizer``) on all the training data."""
     return SingleProcessRun(job, recorder).run()

@@ -1,4 +1,4 @@
-"""ModelReplica: the paper's Downpour client loop (PAPER.md §2, appendix) — the one loop every Downpour replica
+"""ModelReplica: the paper's Downpour client loop (docs/paper.md "Downpour SGD") — the one loop every Downpour replica
 runs, whether it holds a whole model or one partition of a model-parallel replica.
 
     step = 0; accrued = 0

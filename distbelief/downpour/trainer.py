@@ -86,7 +86,7 @@ class ParameterServerTrainer:
         self.eval_model = job.model_fn()
         init = flatten(self.eval_model)
         self.total = init.numel()
-        self.optimizer = make_server_optimizer(cfg.server_optimizer, cfg.lr, cfg.adagrad_eps,
+        self.optimizer = make_server_optimizer(cfg.optimizer, cfg.lr, cfg.adagrad_eps,
                                                cfg.adagrad_initial_accumulator)
         self.durability, self._tmp = durability_for(cfg)
         self.prev: dict = {}  # the trainer state of the run we resume, if any
@@ -546,7 +546,7 @@ class ParameterServerTrainer:
             steps_per_replica=[st.steps for st in self.replicas.values()],
             stop_reason=self.stop_reason, wall_s=wall, events=self.events,
             partitions=cfg.partitions, evaluation=self.eval_mode, durability=cfg.durability,
-            shards=cfg.shards, server_optimizer=cfg.server_optimizer,
+            shards=cfg.shards, optimizer=cfg.optimizer,
             updates_per_shard=[s["updates"] for s in stats],
             staleness_mean=stale_mean, staleness_max=stale_max,
             rejected_pushes=sum(s["rejected_pushes"] for s in stats),

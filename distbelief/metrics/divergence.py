@@ -62,7 +62,7 @@ def divergence_message(config: dict[str, Any], wall_s: float, reason: str) -> st
     head = f"training diverged at {wall_s:.1f}s: {reason}"
     if config.get("strategy") == "sandblaster":
         return (f"{head}; sandblaster's L-BFGS chooses its own steps by line search and takes no --lr: try a "
-                f"larger --batch-size (now {config.get('batch_size')}) or a smaller --history (now "
+                f"larger --lbfgs-batch (now {config.get('lbfgs_batch')}) or a smaller --history (now "
                 f"{config.get('history')})")
     lr = config.get("lr")
     if not isinstance(lr, (int, float)) or not lr > 0:

@@ -1,4 +1,4 @@
-"""Model parallelism (PAPER.md §1): models whose units are split across partitions, boundary-only messages.
+"""Model parallelism (docs/paper.md): models whose units are split across partitions, boundary-only messages.
 
 Declare a model as a stack of layers plus a partition spec; the framework derives the cross-partition messages:
 

@@ -1,5 +1,5 @@
 """The paper's single-replica baseline with model parallelism: one replica split into P partitions, each
-partition applying the update rule (SGD or Adagrad, as ``server_optimizer``) to its own parameters — no parameter
+partition applying the update rule (SGD or Adagrad, as ``optimizer``) to its own parameters — no parameter
 server. ``distbelief train --strategy sgd --partitions P``.
 
 The loop shell (clock, evaluation cadence, stop conditions, summary) is single-process SGD's
@@ -28,14 +28,14 @@ class PartitionedRun(OneReplicaRun):
         super().__init__(job, recorder)
         cfg = job.cfg
         self.runtime, self.runtime_name = runtime, runtime.name
-        rule = make_server_optimizer(cfg.server_optimizer, cfg.lr, cfg.adagrad_eps, cfg.adagrad_initial_accumulator)
+        rule = make_server_optimizer(cfg.optimizer, cfg.lr, cfg.adagrad_eps, cfg.adagrad_initial_accumulator)
         settings = ReplicaSettings(remote_timeout_s=cfg.remote_timeout_s)
         recipe = PartitionRecipe(0, 1, job.model_fn, job.train_data, cfg.batch_size, cfg.seed, settings,
                                  job.loss_fn, local_optimizer=rule)
         torch.manual_seed(cfg.seed)
         self.eval_model = job.model_fn()
         self.role = runtime.create_partition_group(0, recipe, None, None, job.threads, cfg.partitions)
-        recorder.log(f"single replica in {cfg.partitions} partitions, local {cfg.server_optimizer} "
+        recorder.log(f"single replica in {cfg.partitions} partitions, local {cfg.optimizer} "
                      f"({sum(p.numel() for p in self.eval_model.parameters()):,} parameters)")
         self.stats: dict = {}  # the group's latest statistics
         self.wait_s = cfg.remote_timeout_s + (cfg.eval_every_seconds or 0)

@@ -1,4 +1,4 @@
-"""Layers whose units can be partitioned (PAPER.md §1): each layer says which input units an output region needs
+"""Layers whose units can be partitioned (docs/paper.md): each layer says which input units an output region needs
 (its connectivity) and computes an output region from exactly those inputs with the parameters of that region.
 
 Shapes. A layer's activation is ``(channels, *positions)`` with one or two position axes. A *region* (``Box``) is a

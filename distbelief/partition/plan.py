@@ -2,7 +2,7 @@
 
 Pure Python, no processes: ``ExchangePlan`` says, for every layer and partition, which input units it needs from
 which other partition. A transfer is one *box* of units (all channels) from an owner to a destination, so each
-unit's state travels to a destination **once**, however many of its edges cross to it (PAPER.md §1, Fig. 1).
+unit's state travels to a destination **once**, however many of its edges cross to it (the paper's Fig. 1).
 Backward returns the gradients of exactly those boxes along the same edges.
 """
 
@@ -16,8 +16,7 @@ import numpy as np
 
 from distbelief.exceptions import ConfigError
 from distbelief.partition.layers import Box, Layer, Shape, box_empty, box_volume, intersect
-
-HEAD = 0  # the partition that gathers the model's output and computes the loss
+from distbelief.runtime.group_stats import HEAD  # partition 0 gathers the output, computes the loss, leads the lockstep
 
 
 def _bands(n: int, k: int) -> list[tuple[int, int]]:

@@ -15,7 +15,7 @@ import time
 from typing import Any, Callable
 
 from distbelief.exceptions import RemoteTimeoutError, ReplicaKilled, RoleFailedError
-from distbelief.partition.stats import merge_partition_stats
+from distbelief.runtime.group_stats import merge_partition_stats
 from distbelief.runtime.base import Done, Future, Role, Runtime, ShardClient
 from distbelief.runtime.transport import InProcessTransport
 

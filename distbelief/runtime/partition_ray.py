@@ -36,7 +36,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from distbelief.exceptions import ConfigError, RemoteTimeoutError, RoleFailedError
-from distbelief.partition.stats import merge_partition_stats
+from distbelief.runtime.group_stats import merge_partition_stats
 from distbelief.runtime.base import Future, Role, ShardClient
 from distbelief.runtime.transport import Mailbox, Transport
 

@@ -1,4 +1,4 @@
-"""The Sandblaster coordinator: batch L-BFGS whose vectors never leave the parameter shards (PAPER.md §3).
+"""The Sandblaster coordinator: batch L-BFGS whose vectors never leave the parameter shards (docs/paper.md).
 
 The coordinator holds scalars only: the loss, the Gram matrix of the L-BFGS basis (O(m^2) floats), step
 sizes, and the portion bookkeeping. Every vector — the parameters, the accepted point ``x``, the gradients, the

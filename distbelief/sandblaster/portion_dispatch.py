@@ -1,4 +1,4 @@
-"""One distributed gradient evaluation: the batch's portions dispatched to the replicas (PAPER.md §3).
+"""One distributed gradient evaluation: the batch's portions dispatched to the replicas (docs/paper.md).
 
 Gradients are computed by replicas on *portions* of the batch (``PortionQueue`` decides who computes what,
 including backup tasks; this module executes). A replica keeps each portion's gradient apart until it pushes;

@@ -1,4 +1,4 @@
-"""The portion queue: load balancing and backup tasks for one batch (PAPER.md §3), as pure bookkeeping.
+"""The portion queue: load balancing and backup tasks for one batch (docs/paper.md), as pure bookkeeping.
 
 A batch (the examples of one gradient evaluation) is cut into *portions*, ranges ``[lo, hi)`` of positions in
 the batch, much smaller than ``batch / num_replicas``. The queue only *decides*; the coordinator executes (it

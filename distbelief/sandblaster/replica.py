@@ -1,4 +1,4 @@
-"""SandblasterReplica: computes gradients of batch portions for the coordinator (PAPER.md §3).
+"""SandblasterReplica: computes gradients of batch portions for the coordinator (docs/paper.md "Sandblaster L-BFGS").
 
 Protocol (the coordinator keeps at most one call outstanding per replica, so calls never overlap):
 

@@ -1,4 +1,4 @@
-"""The coordinator's calls to the parameter shards: vector programs whose partial scalars it sums (PAPER.md §3).
+"""The coordinator's calls to the parameter shards: vector programs whose partial scalars it sums (docs/paper.md).
 
 Every vector lives sliced on the ``ParameterShard``s, which run short *programs* of vector operations on their
 own slice (``execute``: ``lincomb``, ``dots``, ``copy``, ``zero``, ...) and answer with partial scalars. A shard

@@ -147,7 +147,7 @@ class SandblasterTrainer:
             self.rec.log(f"resume: skipped a damaged or incomplete iteration checkpoint: {msg}")
         if point.skipped:
             self.rec.log(f"resume: using the previous consistent one ({point.path.name})")
-        batch = min(cfg.batch_size, self.num_examples)
+        batch = min(cfg.lbfgs_batch, self.num_examples)
         if (st["batch_size"], st["num_examples"], st["seed"]) != (batch, self.num_examples, cfg.seed):
             self.rec.log(f"resume: the run used batches of {st['batch_size']} of {st['num_examples']} examples "
                          f"(seed {st['seed']}), this one {batch} of {self.num_examples} (seed {cfg.seed}): it "
@@ -172,7 +172,7 @@ class SandblasterTrainer:
         cfg = self.cfg
         write_state(self.checkpoint_dir, tag, {
             "tag": tag, "total": self.total, "shards": [list(self.layout.range(k)) for k in range(cfg.shards)],
-            "history": cfg.history, "batch_size": min(cfg.batch_size, self.num_examples),
+            "history": cfg.history, "batch_size": min(cfg.lbfgs_batch, self.num_examples),
             "num_examples": self.num_examples, "seed": cfg.seed, "coordinator": coord_state,
             "trainer": {"wall_s": self.clock.elapsed(), "best_acc": self.best_acc,
                         "time_to_target": self.time_to_target, "target_accuracy": cfg.target_accuracy,
@@ -281,7 +281,7 @@ class SandblasterTrainer:
     def _coordinator_settings(self) -> CoordinatorSettings:
         cfg = self.cfg
         return CoordinatorSettings(
-            num_examples=self.num_examples, batch_size=cfg.batch_size, portion_size=cfg.portion_size,
+            num_examples=self.num_examples, batch_size=cfg.lbfgs_batch, portion_size=cfg.portion_size,
             push_every_portions=cfg.push_every_portions, backup_tasks=cfg.backup_tasks,
             lbfgs=LBFGSSettings(history=cfg.history), seed=cfg.seed, remote_timeout_s=cfg.remote_timeout_s,
             checkpoint_dir=self.checkpoint_dir, max_shard_restarts=cfg.max_shard_restarts)
@@ -290,7 +290,7 @@ class SandblasterTrainer:
         cfg = self.cfg
         for s in self.shards:
             self.runtime.call(s, "stats").result(max(self.timeout_s, 180.0))
-        batch = min(cfg.batch_size, self.num_examples)
+        batch = min(cfg.lbfgs_batch, self.num_examples)
         self.rec.log(f"sandblaster L-BFGS: {cfg.replicas} replicas x {cfg.shards} shards on the "
                      f"{self.runtime.name} runtime ({self.total:,} parameters); batch {batch} in portions of "
                      f"{cfg.portion_size}, history {cfg.history}, backup tasks {'on' if cfg.backup_tasks else 'off'}")
@@ -340,7 +340,7 @@ class SandblasterTrainer:
                 except Exception:  # noqa: BLE001 - already gone
                     pass
         c = coord.stats()
-        batch = min(cfg.batch_size, self.num_examples)
+        batch = min(cfg.lbfgs_batch, self.num_examples)
         summary = RunSummary(
             strategy="sandblaster", runtime=self.runtime.name, replicas=cfg.replicas, num_parameters=self.total,
             final_test_accuracy=final["test_accuracy"],
@@ -348,7 +348,7 @@ class SandblasterTrainer:
             target_accuracy=cfg.target_accuracy or None, time_to_target_s=self.time_to_target,
             examples=final["examples"], examples_per_s=rate(final["examples"], wall), updates=final["updates"],
             steps_per_replica=steps, stop_reason=self.stop_reason, wall_s=wall,
-            shards=cfg.shards, server_optimizer="lbfgs", updates_per_shard=final["updates_per_shard"],
+            shards=cfg.shards, optimizer="lbfgs", updates_per_shard=final["updates_per_shard"],
             replica_restarts=self.replica_restarts, replicas_lost=self.replicas_lost,
             replica_recovery_s=list(self.supervisor.recovery_s),  # this run's (not carried over a resume)
             shard_restarts=c["shard_restarts"],
@@ -360,7 +360,7 @@ class SandblasterTrainer:
             gradient_evals=c["gradient_evals"], line_search_evals=c["line_search_evals"],
             portions_done=c["portions_done"], portions_duplicated=c["portions_duplicated"],
             backup_tasks_issued=c["backup_tasks_issued"], portions_requeued=c["portions_requeued"],
-            final_train_loss=c["loss"], batch_size=batch, portion_size=cfg.portion_size, history=cfg.history,
+            final_train_loss=c["loss"], lbfgs_batch=batch, portion_size=cfg.portion_size, history=cfg.history,
             mean_iteration_s=wall / c["iterations"] if c["iterations"] else None,
         )
         self.final_flat = flat

@@ -23,7 +23,7 @@ from distbelief.testing import Faults
 from tests.conftest import make_odd_model, toy_classification
 from tests.integration.test_downpour_inprocess import RUN_FIELDS, check_run_dir
 
-FAST = dict(quiet=True, batch_size=16, server_optimizer="adagrad", lr=0.05, threads=1)
+FAST = dict(quiet=True, batch_size=16, optimizer="adagrad", lr=0.05, threads=1)
 
 
 def toy_split(part: str) -> TensorDataset:
@@ -168,7 +168,7 @@ def test_hogwild_workers_update_one_shared_parameter(rule):
     lr = 2.0 ** -10  # sums of powers of two are exact in float32
     data = TensorDataset(torch.ones(64, 1), torch.zeros(64, dtype=torch.long))
     res = train(make_scalar_model, data, data, loss_fn=minus_mean, strategy="hogwild", replicas=2,
-                server_optimizer=rule, lr=lr, max_steps=300, max_seconds=0, eval_every_seconds=3600,
+                optimizer=rule, lr=lr, max_steps=300, max_seconds=0, eval_every_seconds=3600,
                 quiet=True, batch_size=8, threads=1)
     assert res.summary["steps_per_replica"] == [300, 300]
     assert res.summary["stop_reason"] == "step limit reached"
@@ -284,7 +284,7 @@ def test_ddp_two_ranks_train_stay_bit_identical_and_write_a_run_dir(tmp_path):
 def test_ddp_with_one_rank_equals_single_process_sgd_exactly(rule):
     """Same seed, same initial parameters, same batches (a sole worker's subset is the whole dataset, in
     order): DDP's all-reduce over one rank divides by 1, so every bit matches --strategy sgd."""
-    kw = dict(quiet=True, replicas=1, server_optimizer=rule, lr=0.05, batch_size=8, max_steps=40,
+    kw = dict(quiet=True, replicas=1, optimizer=rule, lr=0.05, batch_size=8, max_steps=40,
               max_seconds=0, eval_every_seconds=3600, threads=1, seed=3)
     ddp = train(make_odd_model, toy_split("train"), toy_split("test"), strategy="ddp", **kw)
     sgd = train(make_odd_model, toy_split("train"), toy_split("test"), strategy="sgd", **kw)

@@ -32,9 +32,20 @@ def test_invalid_values_exit_nonzero_naming_the_option(tmp_path, capsys, args, f
     rc = main(["train", "--runtime", "inprocess", "--num-samples", "200", "--out", str(out), *args])
     err = capsys.readouterr().err
     assert rc == 2
-    assert f"error: {field}:" in err
+    assert f"error: --{field.replace('_', '-')}:" in err  # the flag the user typed, not the TOML key
     assert "starting" not in err  # no worker was started
     assert not (out / "metrics.jsonl").exists()
+
+
+def test_errors_speak_flags_to_flag_users_and_toml_to_file_users(tmp_path, capsys):
+    rc = main(["train", "--runtime", "inprocess", "--strategy", "sandblaster", "--partitions", "2",
+               "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "error: --partitions: sandblaster runs unpartitioned replicas; use --partitions 1" in err
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[sandblaster]\nlr = 7.5\n")
+    assert main(["train", "--config", str(cfg)]) == 2
+    assert "c.toml: [sandblaster] lr: it belongs in [run]" in capsys.readouterr().err
 
 
 def test_unknown_choice_and_unknown_config_key(tmp_path):

@@ -15,7 +15,7 @@ from distbelief.exceptions import DistBeliefError, DivergedError
 from distbelief.metrics import DIVERGENCE_CEILING, DivergenceWatch, RunRecorder, divergence_message
 
 BASE = dict(runtime="inprocess", num_samples=1000, max_steps=0, max_seconds=30, eval_every_seconds=0.2,
-            server_optimizer="sgd", lr=1e4)
+            optimizer="sgd", lr=1e4)
 
 
 def _extra_threads(before: set[int], wait_s: float = 5.0) -> list[str]:
@@ -46,7 +46,7 @@ def test_a_diverging_run_stops_early_naming_the_rate(strategy, tmp_path):
 
 
 def test_cli_prints_divergence_as_an_error(tmp_path, capsys):
-    rc = main(["train", "--runtime", "inprocess", "--strategy", "sgd", "--server-optimizer", "sgd", "--lr", "1e4",
+    rc = main(["train", "--runtime", "inprocess", "--strategy", "sgd", "--optimizer", "sgd", "--lr", "1e4",
                "--num-samples", "1000", "--max-seconds", "30", "--eval-every-seconds", "0.2",
                "--out", str(tmp_path / "run")])
     err = capsys.readouterr().err
@@ -102,9 +102,9 @@ def test_recorder_writes_the_diverged_record_then_raises(tmp_path):
 
 
 def test_sandblaster_is_told_it_takes_no_rate():
-    msg = divergence_message({"strategy": "sandblaster", "lr": 0.05, "batch_size": 8000, "history": 10}, 3.0,
+    msg = divergence_message({"strategy": "sandblaster", "lr": 0.05, "lbfgs_batch": 8000, "history": 10}, 3.0,
                              "train loss nan")
-    assert "takes no --lr" in msg and "--batch-size" in msg
+    assert "takes no --lr" in msg and "--lbfgs-batch (now 8000)" in msg
 
 
 def sum_cross_entropy(out, y):

@@ -30,7 +30,7 @@ def check_run_dir(run_dir, strategy, fields=SUMMARY_FIELDS):
 
 
 def test_mnist1d_two_replicas_two_shards_adagrad_reaches_80_percent(tmp_path):
-    cfg = RunConfig(runtime="inprocess", replicas=2, shards=2, server_optimizer="adagrad", lr=0.05,
+    cfg = RunConfig(runtime="inprocess", replicas=2, shards=2, optimizer="adagrad", lr=0.05,
                     batch_size=32, max_seconds=90, target_accuracy=0.82, eval_every_seconds=2,
                     out=str(tmp_path / "run"))
     res = train_task(cfg, quiet=True)

@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.usefixtures("ray_lo
 
 
 def test_ray_mnist1d_two_replicas_two_shards_adagrad_reaches_80_percent(tmp_path):
-    cfg = RunConfig(runtime="ray", replicas=2, shards=2, server_optimizer="adagrad", lr=0.05, batch_size=128,
+    cfg = RunConfig(runtime="ray", replicas=2, shards=2, optimizer="adagrad", lr=0.05, batch_size=128,
                     max_seconds=120, target_accuracy=0.80, eval_every_seconds=3, out=str(tmp_path / "run"))
     train_task(cfg, quiet=True)
     summary, _ = check_run_dir(tmp_path / "run", "downpour")
@@ -40,7 +40,7 @@ def test_ray_each_shard_applies_exactly_R_S_over_n_updates(toy_data, replicas, s
 def test_ray_one_replica_matches_inprocess_exactly(toy_data):
     """Per-caller ordering on a shard actor makes the 1-replica run deterministic: Ray == in-process."""
     kw = dict(quiet=True, replicas=1, shards=2, max_steps=15, max_seconds=0, eval_every_seconds=3600,
-              batch_size=8, server_optimizer="adagrad", lr=0.05, overlap=True)
+              batch_size=8, optimizer="adagrad", lr=0.05, overlap=True)
     a = train(make_odd_model, toy_data[0], toy_data[1], runtime="ray", **kw)
     b = train(make_odd_model, toy_data[0], toy_data[1], runtime="inprocess", **kw)
     torch.testing.assert_close(a.flat_params, b.flat_params, atol=1e-6, rtol=0)
@@ -74,7 +74,7 @@ def test_ray_shared_memory_plane_equals_the_object_store_path_bit_for_bit(toy_da
     from distbelief.runtime.ray_runtime import RayRuntime
 
     kw = dict(quiet=True, replicas=1, shards=3, max_steps=20, max_seconds=0, eval_every_seconds=3600,
-              batch_size=8, server_optimizer="adagrad", lr=0.05, overlap=True, push_every=2)
+              batch_size=8, optimizer="adagrad", lr=0.05, overlap=True, push_every=2)
     results, prefixes = [], []
     for use_shm, colocate in ((True, True), (True, False), (False, False)):
         rt = RayRuntime(use_shm=use_shm, colocate=colocate)
@@ -123,7 +123,7 @@ def test_fused_push_fetch_loop_equals_separate_calls_bit_for_bit(toy_data):
     from distbelief.runtime.ray_runtime import RayRuntime
 
     kw = dict(quiet=True, replicas=1, shards=3, max_steps=20, max_seconds=0, eval_every_seconds=3600,
-              batch_size=8, server_optimizer="adagrad", lr=0.05, overlap=False, push_every=1, fetch_every=1)
+              batch_size=8, optimizer="adagrad", lr=0.05, overlap=False, push_every=1, fetch_every=1)
     rt = RayRuntime(use_shm=True, colocate=False)  # the fused call to the shard's process
     try:
         fused = train(make_odd_model, toy_data[0], toy_data[1], runtime=rt, **kw)

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.timeout(300)
 def test_mnist1d_lc1d_two_replicas_two_partitions_two_shards_reaches_80_percent(tmp_path):
     # ~30 s here; the budget is only a guard against a run that never gets there (a loaded CI machine took >90 s)
     cfg = RunConfig(runtime="inprocess", model="lc1d", replicas=2, partitions=2, shards=2,
-                    server_optimizer="adagrad", lr=0.05, batch_size=64, max_seconds=240, target_accuracy=0.80,
+                    optimizer="adagrad", lr=0.05, batch_size=64, max_seconds=240, target_accuracy=0.80,
                     eval_every_seconds=2, out=str(tmp_path / "run"))
     res = train_task(cfg, quiet=True)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
@@ -41,7 +41,7 @@ def test_one_partitioned_replica_with_sgd_shards_equals_torch_sgd(partitions, sh
     model_fn = partial(build_model, "mlp-small", (12,), 4, partitions)
     steps, lr, bs, seed = 6, 0.1, 16, 3
     res = train(model_fn, data, test, quiet=True, runtime="inprocess", replicas=1, partitions=partitions,
-                shards=shards, server_optimizer="sgd", lr=lr, batch_size=bs, max_steps=steps, max_seconds=0,
+                shards=shards, optimizer="sgd", lr=lr, batch_size=bs, max_steps=steps, max_seconds=0,
                 overlap=False, eval_every_seconds=3600, seed=seed, model="mlp-small")
     torch.manual_seed(seed)
     ref = model_fn()
@@ -71,7 +71,7 @@ def test_sgd_strategy_with_partitions_is_one_partitioned_replica_equal_to_torch_
     model_fn = partial(build_model, "mlp-small", (12,), 4, 3)
     steps, lr, bs, seed = 7, 0.1, 16, 5
     res = train(model_fn, data, test, quiet=True, runtime="inprocess", strategy="sgd", partitions=3,
-                server_optimizer="sgd", lr=lr, batch_size=bs, max_steps=steps, max_seconds=0,
+                optimizer="sgd", lr=lr, batch_size=bs, max_steps=steps, max_seconds=0,
                 eval_every_seconds=3600, seed=seed, model="mlp-small", out=str(tmp_path / "run"))
     assert res.summary["strategy"] == "sgd" and res.summary["partitions"] == 3 and res.summary["updates"] == steps
     torch.manual_seed(seed)

@@ -25,7 +25,7 @@ TARGET = {"inprocess": 0.6, "ray": 0.5}
 
 def partition_config(runtime: str, **kw):
     """``(config, faults)``: 2 replicas x 2 partitions x 2 shards training lc1d on mnist1d."""
-    settings = dict(runtime=runtime, model="lc1d", replicas=2, partitions=2, shards=2, server_optimizer="adagrad",
+    settings = dict(runtime=runtime, model="lc1d", replicas=2, partitions=2, shards=2, optimizer="adagrad",
                     lr=0.05, batch_size=64, max_seconds=120, target_accuracy=TARGET[runtime], eval_every_seconds=1,
                     remote_timeout_s=REMOTE_TIMEOUT_S)
     settings.update(kw)

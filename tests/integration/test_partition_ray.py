@@ -57,7 +57,7 @@ def test_ray_downpour_lc1d_two_replicas_two_partitions_two_shards_learns(tmp_pat
     """The partitioned run on Ray actors learns (8 processes on 2 cores: 25-65 s to 0.65 here, so the test asks
     for 0.5, five times chance). Reaching 80% with the same 2 x 2 x 2 layout is tested in-process
     (test_partition_downpour), where it takes under a minute instead of a minute and a half."""
-    cfg = RunConfig(runtime="ray", model="lc1d", replicas=2, partitions=2, shards=2, server_optimizer="adagrad",
+    cfg = RunConfig(runtime="ray", model="lc1d", replicas=2, partitions=2, shards=2, optimizer="adagrad",
                     lr=0.05, batch_size=128, max_seconds=120, target_accuracy=0.5, eval_every_seconds=2,
                     out=str(tmp_path / "run"))
     train_task(cfg, quiet=True)

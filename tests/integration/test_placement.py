@@ -93,7 +93,7 @@ def _run_on(cluster, strategy: str, toy_data, steps: int):
     try:
         res = train(make_odd_model, toy_data[0], toy_data[1], runtime=runtime, strategy=strategy, replicas=2,
                     shards=3, max_steps=steps, max_seconds=0, eval_every_seconds=0.01, batch_size=8, lr=0.1,
-                    server_optimizer="sgd", callbacks=[lambda trainer, _: seen.setdefault("trainer", trainer)],
+                    optimizer="sgd", callbacks=[lambda trainer, _: seen.setdefault("trainer", trainer)],
                     quiet=True)
         shards = seen["trainer"].shards
         placed = {"nodes": [runtime.node_of(s) for s in shards],
@@ -151,7 +151,7 @@ def test_sync_on_three_nodes_matches_inprocess_and_shards_receive_slice_x_replic
         assert placed["received"][k] == (hi - lo) * 4 * 2 * steps, (k, placed["received"])  # and only that arrived
     ref = train(make_odd_model, toy_data[0], toy_data[1], runtime="inprocess", strategy="sync", replicas=2,
                 shards=3, max_steps=steps, max_seconds=0, eval_every_seconds=3600, batch_size=8, lr=0.1,
-                server_optimizer="sgd", quiet=True)
+                optimizer="sgd", quiet=True)
     torch.testing.assert_close(res.flat_params, ref.flat_params, atol=1e-6, rtol=0)
 
 

@@ -116,13 +116,14 @@ def test_trainer_writes_the_run_directory_with_sandblaster_counters(tmp_path, to
     from tests.conftest import make_odd_model
 
     res = train(make_odd_model, toy_data[0], toy_data[1], quiet=True, runtime="inprocess", strategy="sandblaster",
-                replicas=2, shards=3, batch_size=256, portion_size=16, history=4, push_every_portions=2,
+                replicas=2, shards=3, lbfgs_batch=256, portion_size=16, history=4, push_every_portions=2,
                 max_steps=6, max_seconds=0, eval_every_seconds=0.01, out=str(tmp_path / "run"))
     summary, lines = check_run_dir(tmp_path / "run", "sandblaster", RUN_FIELDS | {"shards", "updates_per_shard"})
     for key in ("iterations", "portions_done", "portions_duplicated", "line_search_evals"):
         assert key in summary and key in lines[-1]
-    # no staleness and no rejected pushes, rather than zeros; no target set, so no time to it either
-    assert not {"staleness_mean", "staleness_max", "rejected_pushes", "time_to_target_s"} & summary.keys()
+    # no staleness and no rejected pushes, rather than zeros; no target set: null, not a time
+    assert not {"staleness_mean", "staleness_max", "rejected_pushes"} & summary.keys()
+    assert summary["time_to_target_s"] is None and summary["target_accuracy"] is None
     assert not {"staleness_mean", "rejected_pushes"} & lines[-1].keys()
     assert summary["updates_lost"] == 0 and summary["replica_restarts"] == 0 and summary["replicas_lost"] == 0
     assert summary["iterations"] == 6 and summary["stop_reason"] == "step limit reached"
@@ -136,7 +137,7 @@ def test_trainer_restarts_a_killed_replica(toy_data):
     from tests.conftest import make_odd_model
 
     res = train(make_odd_model, toy_data[0], toy_data[1], quiet=True, runtime="inprocess", strategy="sandblaster",
-                replicas=2, shards=2, batch_size=256, portion_size=8, max_steps=10, max_seconds=0,
+                replicas=2, shards=2, lbfgs_batch=256, portion_size=8, max_steps=10, max_seconds=0,
                 eval_every_seconds=1, faults=Faults(kill_replica_at_step=2, kill_replica_id=1, portion_delay_s=0.01))
     # Killed during iteration 3 (after 2 finished). The replacement starts after its backoff (0.5 s, while the
     # other replica goes on alone), well before the run ends: 7 more iterations of at least 16 portions x 10 ms.
@@ -161,13 +162,13 @@ def test_cli_sandblaster_without_backup_tasks(tmp_path, capsys):
     out = tmp_path / "run"
     rc = main(["train", "--runtime", "inprocess", "--strategy", "sandblaster", "--no-backup-tasks",
                "--num-samples", "600", "--model", "mlp-small", "--replicas", "2", "--shards", "2",
-               "--batch-size", "480", "--portion-size", "40", "--history", "3", "--push-every-portions", "2",
+               "--lbfgs-batch", "480", "--portion-size", "40", "--history", "3", "--push-every-portions", "2",
                "--max-steps", "3", "--max-seconds", "0", "--eval-every-seconds", "100", "--out", str(out)])
     assert rc == 0, capsys.readouterr().err
     summary = json.loads((out / "summary.json").read_text())
     assert summary["strategy"] == "sandblaster" and summary["iterations"] == 3
     assert summary["backup_tasks_issued"] == 0 and summary["portions_duplicated"] == 0
-    assert summary["history"] == 3 and summary["batch_size"] == 480
+    assert summary["history"] == 3 and summary["lbfgs_batch"] == 480
 
 
 def test_cli_rejects_a_negative_portion_size(tmp_path, capsys):
@@ -178,9 +179,9 @@ def test_cli_rejects_a_negative_portion_size(tmp_path, capsys):
 
 def test_minibatch_mode_uses_a_new_batch_each_iteration(tmp_path):
     cfg = RunConfig(runtime="inprocess", strategy="sandblaster", model="mlp-small", num_samples=1000, replicas=2,
-                    shards=2, batch_size=200, portion_size=25, max_steps=5, max_seconds=0, eval_every_seconds=100)
+                    shards=2, lbfgs_batch=200, portion_size=25, max_steps=5, max_seconds=0, eval_every_seconds=100)
     res = train_task(cfg, quiet=True)
     s = res.summary
-    assert s["iterations"] == 5 and s["batch_size"] == 200
+    assert s["iterations"] == 5 and s["lbfgs_batch"] == 200
     # a fresh gradient on each new batch plus every line-search trial point
     assert s["gradient_evals"] == s["iterations"] + s["line_search_evals"]

@@ -62,7 +62,7 @@ def test_ray_mnist1d_mlp_reaches_80_percent(tmp_path):
     # Mini-batch L-BFGS (8,000 of the 32,000 training examples per iteration; two passes per iteration) reaches
     # 80% in ~130-150 iterations; full batch needs about as many iterations at twice the cost per iteration.
     cfg = RunConfig(runtime="ray", strategy="sandblaster", task="mnist1d", model="mlp", num_samples=40000,
-                    replicas=2, shards=2, batch_size=8000, portion_size=1000, push_every_portions=2, history=20,
+                    replicas=2, shards=2, lbfgs_batch=8000, portion_size=1000, push_every_portions=2, history=20,
                     max_seconds=240, target_accuracy=0.80, eval_every_seconds=3, out=str(tmp_path / "run"))
     train_task(cfg, quiet=True)
     summary, _ = check_run_dir(tmp_path / "run", "sandblaster",

@@ -35,7 +35,7 @@ BATCHES = {"full batch": 512, "minibatch": 128}
 
 
 def settings(out, batch: int = 512, **over) -> dict:
-    return {**dict(runtime="inprocess", strategy="sandblaster", replicas=1, shards=2, batch_size=batch,
+    return {**dict(runtime="inprocess", strategy="sandblaster", replicas=1, shards=2, lbfgs_batch=batch,
                    portion_size=64, history=4, max_seconds=0, eval_every_seconds=3600, quiet=True, out=str(out)),
             **over}
 

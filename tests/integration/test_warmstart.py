@@ -23,12 +23,12 @@ def test_downpour_starts_from_the_checkpoint(warm_run, tmp_path):
     saved = load_file(str(out / "params.safetensors"))["flat_params"]
     assert torch.equal(saved, warm.flat_params)
     # One push at a vanishing rate: the server's parameters stay the warmstart's to float precision.
-    res = train_task(RunConfig(strategy="downpour", replicas=1, shards=2, server_optimizer="sgd", lr=1e-9,
+    res = train_task(RunConfig(strategy="downpour", replicas=1, shards=2, optimizer="sgd", lr=1e-9,
                                max_steps=1, init_params=str(out), **BASE), quiet=True)
     assert torch.allclose(res.flat_params, saved, atol=1e-6)
     # ... and so its accuracy is the warmstart's, far above a fresh model's.
     assert res.summary["final_test_accuracy"] == pytest.approx(warm.summary["final_test_accuracy"], abs=1e-3)
-    fresh = train_task(RunConfig(strategy="downpour", replicas=1, shards=2, server_optimizer="sgd", lr=1e-9,
+    fresh = train_task(RunConfig(strategy="downpour", replicas=1, shards=2, optimizer="sgd", lr=1e-9,
                                  max_steps=1, **BASE), quiet=True)
     assert not torch.allclose(fresh.flat_params, saved, atol=1e-3)
 

@@ -91,3 +91,29 @@ def test_only_the_runtime_layer_imports_ray():
     _, external = _graph()
     users = sorted(m for m, pkgs in external.items() if "ray" in pkgs)
     assert users and all(m.startswith("distbelief.runtime.") for m in users), users
+
+
+def test_the_runtime_layer_knows_roles_not_algorithms():
+    """runtime/ imports only itself and the exceptions — plus the one documented upward edge: the co-located
+    update runs the shard's own update code (ps/colocated.py) in the replica's process."""
+    edges, _ = _graph()
+    allowed = {"distbelief.exceptions", "distbelief.ps.colocated"}
+    bad = {m: sorted(d for d in deps if not d.startswith("distbelief.runtime") and d not in allowed)
+           for m, deps in edges.items() if m.startswith("distbelief.runtime")}
+    assert {m: d for m, d in bad.items() if d} == {}
+
+
+def test_roles_and_their_internals_never_import_a_driver():
+    """Imports point down: nothing below the strategies imports a trainer, the API, the CLI or the benchmarks."""
+    edges, _ = _graph()
+    drivers = ("distbelief.api", "distbelief.cli", "distbelief.bench", "distbelief.downpour.trainer",
+               "distbelief.downpour.sync", "distbelief.sandblaster.trainer", "distbelief.baselines.multiprocess",
+               "distbelief.baselines.single", "distbelief.partition.baseline")
+    below = [m for m in edges if m.startswith(("distbelief.ps", "distbelief.runtime", "distbelief.partition.",
+                                               "distbelief.sandblaster.", "distbelief.downpour.replica",
+                                               "distbelief.supervisor", "distbelief.summary", "distbelief.metrics",
+                                               "distbelief.testing"))
+             and not m.startswith(drivers)]
+    assert len(below) > 20
+    bad = {m: sorted(d for d in edges[m] if d.startswith(drivers)) for m in below}
+    assert {m: d for m, d in bad.items() if d} == {}

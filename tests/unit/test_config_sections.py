@@ -63,4 +63,4 @@ def test_settings_the_strategy_does_not_read_are_named():
     assert ignored_by_strategy(typed, "downpour") == ["portion_size"]
     assert ignored_by_strategy(typed, "sandblaster") == ["fetch_every", "lr"]
     assert ignored_by_strategy(typed, "hogwild") == ["portion_size", "fetch_every", "durability"]
-    assert ignored_by_strategy(["server_optimizer", "history"], "sandblaster") == ["server_optimizer"]
+    assert ignored_by_strategy(["optimizer", "history"], "sandblaster") == ["optimizer"]

@@ -55,21 +55,21 @@ def reference_run(train_ds, make_opt, steps, delay=0):
 
 @pytest.mark.parametrize("shards", [1, 3])
 def test_one_replica_server_sgd_equals_torch_sgd(toy_data, shards):
-    res = run_downpour(toy_data, server_optimizer="sgd", lr=0.1, max_steps=20, shards=shards)
+    res = run_downpour(toy_data, optimizer="sgd", lr=0.1, max_steps=20, shards=shards)
     ref = reference_run(toy_data[0], lambda p: torch.optim.SGD(p, lr=0.1), 20)
     assert res.summary["updates_per_shard"] == [20] * shards
     torch.testing.assert_close(res.flat_params, ref, atol=1e-6, rtol=0)
 
 
 def test_one_replica_server_adagrad_equals_torch_adagrad(toy_data):
-    res = run_downpour(toy_data, server_optimizer="adagrad", lr=0.05, adagrad_eps=1e-10, max_steps=20)
+    res = run_downpour(toy_data, optimizer="adagrad", lr=0.05, adagrad_eps=1e-10, max_steps=20)
     ref = reference_run(toy_data[0], lambda p: torch.optim.Adagrad(p, lr=0.05, eps=1e-10), 20)
     torch.testing.assert_close(res.flat_params, ref, atol=1e-6, rtol=0)
 
 
 def test_overlapped_fetch_is_exactly_one_step_stale(toy_data):
     """With prefetch, step t's gradient is computed on the parameters after t-1 updates (for t >= 1)."""
-    res = run_downpour(toy_data, server_optimizer="sgd", lr=0.1, max_steps=20, overlap=True)
+    res = run_downpour(toy_data, optimizer="sgd", lr=0.1, max_steps=20, overlap=True)
     ref = reference_run(toy_data[0], lambda p: torch.optim.SGD(p, lr=0.1), 20, delay=1)
     torch.testing.assert_close(res.flat_params, ref, atol=1e-6, rtol=0)
     assert res.summary["staleness_max"] == 1
@@ -77,7 +77,7 @@ def test_overlapped_fetch_is_exactly_one_step_stale(toy_data):
 
 def test_push_every_accumulates_gradients(toy_data):
     """n_push = n_fetch = 4 and alpha = 0: one server step with the sum of 4 gradients on the same parameters."""
-    res = run_downpour(toy_data, server_optimizer="sgd", lr=0.05, max_steps=8, fetch_every=4, push_every=4)
+    res = run_downpour(toy_data, optimizer="sgd", lr=0.05, max_steps=8, fetch_every=4, push_every=4)
     torch.manual_seed(SEED)
     model = make_odd_model()
     batches = reference_batches(toy_data[0])
@@ -95,7 +95,7 @@ def test_push_every_accumulates_gradients(toy_data):
 
 def test_local_step_alpha_moves_replica_between_fetches(toy_data):
     """alpha > 0 with n_fetch = 2: the second gradient is taken at w - alpha * g1 (server SGD, push every 2)."""
-    res = run_downpour(toy_data, server_optimizer="sgd", lr=0.1, local_lr=0.3, max_steps=2, fetch_every=2,
+    res = run_downpour(toy_data, optimizer="sgd", lr=0.1, local_lr=0.3, max_steps=2, fetch_every=2,
                        push_every=2)
     torch.manual_seed(SEED)
     model = make_odd_model()
@@ -116,7 +116,7 @@ def test_local_step_alpha_moves_replica_between_fetches(toy_data):
 
 @pytest.mark.parametrize("replicas,steps,push_every", [(1, 12, 1), (2, 12, 3), (3, 8, 4), (4, 6, 2)])
 def test_each_shard_applies_exactly_R_S_over_n_updates(toy_data, replicas, steps, push_every):
-    res = run_downpour(toy_data, server_optimizer="adagrad", lr=0.01, replicas=replicas, shards=3,
+    res = run_downpour(toy_data, optimizer="adagrad", lr=0.01, replicas=replicas, shards=3,
                        max_steps=steps, push_every=push_every, overlap=True)
     assert res.summary["updates_per_shard"] == [replicas * steps // push_every] * 3
     assert res.summary["examples"] == replicas * steps * BATCH
@@ -127,7 +127,7 @@ def test_sync_equals_sgd_on_the_concatenated_batch(toy_data):
     """Synchronous data parallel: averaging R gradients of batch B == one gradient of the R*B batch."""
     train_ds, test_ds = toy_data
     res = train(make_odd_model, train_ds, test_ds, quiet=True, strategy="sync", runtime="inprocess", replicas=2,
-                shards=2, server_optimizer="sgd", lr=0.2, batch_size=BATCH, max_steps=10, max_seconds=0,
+                shards=2, optimizer="sgd", lr=0.2, batch_size=BATCH, max_steps=10, max_seconds=0,
                 eval_every_seconds=3600, seed=SEED)
     torch.manual_seed(SEED)
     model = make_odd_model()

@@ -62,13 +62,13 @@ def test_auto_settings_resolve_per_model_and_strategy_and_keep_user_values():
 
     cfg = RunConfig(task="speech", model="speech-paper").validate()
     assert cfg.lr == RECOMMENDED_LR[("speech-paper", "adagrad")] < 0.05 and cfg.batch_size == 32
-    assert RunConfig(server_optimizer="sgd").validate().lr == RECOMMENDED_LR[("mlp", "sgd")]
+    assert RunConfig(optimizer="sgd").validate().lr == RECOMMENDED_LR[("mlp", "sgd")]
     assert RunConfig(lr=0.3).validate().lr == 0.3
     sb = RunConfig(strategy="sandblaster").validate()
-    assert (sb.batch_size, sb.portion_size) == (8000, 500)
-    assert RunConfig(strategy="sandblaster", batch_size=640).validate().portion_size == 40
+    assert (sb.lbfgs_batch, sb.portion_size) == (8000, 500)
+    assert RunConfig(strategy="sandblaster", lbfgs_batch=640).validate().portion_size == 40
     again = dataclasses.replace(sb).validate()  # validating a validated config changes nothing
     assert again == sb
-    for field in ("lr", "batch_size", "portion_size", "num_classes"):
+    for field in ("lr", "batch_size", "lbfgs_batch", "portion_size", "num_classes"):
         with pytest.raises(ConfigError, match=f"^{field}:"):
             RunConfig(**{field: -1}).validate()
