@@ -3,7 +3,8 @@
 from distbelief.api import TrainResult, train, train_task
 from distbelief.config import RunConfig
 from distbelief.exceptions import ConfigError, DistBeliefError, RemoteTimeoutError, RoleFailedError
+from distbelief.summary import Evaluation
 
 __version__ = "0.1.0"
-__all__ = ["train", "train_task", "TrainResult", "RunConfig", "ConfigError", "DistBeliefError",
+__all__ = ["train", "train_task", "TrainResult", "Evaluation", "RunConfig", "ConfigError", "DistBeliefError",
            "RemoteTimeoutError", "RoleFailedError"]

@@ -37,6 +37,19 @@ class TrainResult:
     model: torch.nn.Module
     run_dir: Path | None
 
+    @property
+    def checkpoint(self) -> Path | None:
+        """The final parameters on disk (``params.safetensors`` in the run directory: what ``init_params`` and
+        ``distbelief.warmstart.load_flat_params`` read), or None without a run directory."""
+        if self.run_dir is None:
+            return None
+        path = self.run_dir / "params.safetensors"
+        return path if path.is_file() else None
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The trained model's ``state_dict()`` (load it into ``model_fn()`` with ``load_state_dict``)."""
+        return self.model.state_dict()
+
 
 def _resolve_threads(cfg: RunConfig) -> int:
     if cfg.threads:
@@ -47,7 +60,7 @@ def _resolve_threads(cfg: RunConfig) -> int:
     return max(1, cores // cfg.replicas)
 
 
-def check_model_and_data(model_fn, train_ds, loss_fn) -> None:
+def check_model_and_data(model_fn, train_ds, loss_fn, metric_fn=None) -> None:
     """Run one tiny forward+backward in this process so shape errors surface before any worker starts."""
     from torch.utils.data import default_collate
 
@@ -59,6 +72,10 @@ def check_model_and_data(model_fn, train_ds, loss_fn) -> None:
     model = model_fn()
     if not any(p.requires_grad for p in model.parameters()):
         raise ConfigError("model", "the model has no trainable parameters")
+    for name, p in model.named_parameters():
+        if p.dtype != torch.float32:  # the shards, the data plane and the checkpoints hold float32
+            raise ConfigError("model", f"parameter {name!r} is {p.dtype}; distbelief trains float32 parameters "
+                                       f"(build the model in float32, e.g. return model.float() from model_fn)")
     x, y = default_collate([ds[i] for i in range(min(2, len(ds)))])
     try:
         out = model(x)
@@ -75,6 +92,13 @@ def check_model_and_data(model_fn, train_ds, loss_fn) -> None:
             f"the model's output of shape {tuple(out.shape)} does not fit the labels of shape {tuple(y.shape)} "
             f"(values up to {int(y.max()) if y.numel() else 0}): {e}",
         ) from None
+    if metric_fn is not None:
+        try:  # a wrong signature or a result that is not a number; a metric undefined on 2 examples is fine
+            float(metric_fn(out.detach(), y))
+        except (TypeError, AttributeError) as e:
+            raise ConfigError("metric_fn", f"metric_fn(outputs, targets) must return a number: {e}") from None
+        except Exception:  # noqa: BLE001 - e.g. an AUC of one class: judged on the whole test set instead
+            pass
 
 
 def compact_subset(dataset, indices) -> "torch.utils.data.TensorDataset":
@@ -96,6 +120,7 @@ def train(
     quiet: bool = False,
     resume: bool = False,
     callbacks: list | None = None,
+    metric_fn: Callable[[torch.Tensor, torch.Tensor], float] | None = None,
     faults=None,
     **settings: Any,
 ) -> TrainResult:
@@ -109,12 +134,15 @@ def train(
         test_data: a Dataset evaluated in the driver with the server's parameters.
         config: a RunConfig; ``settings`` (any RunConfig field, e.g. ``replicas=4``) override it.
         loss_fn: ``loss_fn(output, target)``; cross-entropy by default.
+        metric_fn: ``metric_fn(outputs, targets) -> float`` over the whole test set (higher is better: return
+            e.g. minus the mean squared error, or an AUC); the test and training metric of every evaluation,
+            ``final_test_accuracy`` and ``target_accuracy`` are this metric. Classification accuracy by default.
         runtime: a Runtime instance, or the name of one (``"ray"``, ``"inprocess"``); by default
             ``config.runtime``.
         quiet: suppress progress output.
-        callbacks: functions ``f(trainer, record)`` called in the driver after each evaluation (monitoring,
-            fault injection in tests); downpour, sync, hogwild and ddp (there ``trainer`` is the run, with
-            ``worker_pids``).
+        callbacks: functions ``f(evaluation)`` called in this process after each evaluation, for every strategy,
+            with a ``distbelief.Evaluation`` (training time, examples, test accuracy and loss, training loss,
+            and the whole ``metrics.jsonl`` record in ``values``). Raising stops the run with that error.
         resume: continue the run in ``config.out`` from its shards' checkpoints (possibly with a different
             number of shards); its metrics and counters continue.
         faults: failures and slowdowns to inject (``distbelief.testing.Faults``; tests and benchmarks).
@@ -134,7 +162,7 @@ def train(
     faults = (faults or Faults()).validate(cfg.replicas, cfg.shards, cfg.partitions)
     custom_loss = loss_fn
     loss_fn = loss_fn or F.cross_entropy
-    check_model_and_data(model_fn, train_data, loss_fn)
+    check_model_and_data(model_fn, train_data, loss_fn, metric_fn)
     n_params = sum(p.numel() for p in model_fn().parameters())
     if cfg.init_params and not resume:  # a resumed run continues from its own checkpoints instead
         from distbelief.warmstart import WarmStarted, load_flat_params
@@ -160,21 +188,29 @@ def train(
         ds = materialize(train_data)
         pick = torch.randperm(len(ds), generator=torch.Generator().manual_seed(cfg.seed + 17))
         train_probe = compact_subset(ds, pick[: cfg.train_eval_samples].tolist())
-    job = Job(cfg, model_fn, train_data, test_data, loss_fn, _resolve_threads(cfg), train_probe, faults)
+    job = Job(cfg, model_fn, train_data, test_data, loss_fn, _resolve_threads(cfg), train_probe, faults,
+              metric_fn)
     # A mean cross-entropy above the ceiling is divergence; a custom loss's scale is unknown: relative rule only.
     ceiling = DIVERGENCE_CEILING if custom_loss is None else math.inf
     recorder = RunRecorder(cfg.out or None, cfg.to_dict(), quiet=quiet, write_config=not resume,
-                           loss_ceiling=ceiling)
+                           loss_ceiling=ceiling, callbacks=callbacks or (), metrics_port=cfg.metrics_port)
     threads_before = torch.get_num_threads()
     try:
-        summary, flat = _run_strategy(job, recorder, runtime, resume, callbacks)
+        summary, flat, buffers = _run_strategy(job, recorder, runtime, resume)
+    except BaseException:
+        recorder.close_exporter()
+        raise
     finally:
         torch.set_num_threads(threads_before)  # runs set this process's torch threads; the caller gets its own back
     model = model_fn()
     from distbelief.ps.sharding import unflatten_into
 
     unflatten_into(model, flat)
-    recorder.finish(summary, flat)
+    if buffers:
+        from distbelief.buffers import load_buffers
+
+        load_buffers(model, buffers)
+    recorder.finish(summary, flat, buffers=buffers)
     recorder.log(
         f"done: {summary['stop_reason']}; final test accuracy {summary['final_test_accuracy']:.4f} "
         f"(best {summary['best_test_accuracy']:.4f}) in {summary['wall_s']:.1f}s, "
@@ -184,9 +220,10 @@ def train(
     return TrainResult(summary, recorder.records, flat, model, recorder.out_dir)
 
 
-def _run_strategy(job, recorder, runtime, resume: bool, callbacks) -> tuple[dict, "torch.Tensor"]:
-    """Run ``job`` with its strategy (on ``runtime``, or one made and shut down here); ``(summary, flat)``, the
-    summary as ``summary.json`` holds it."""
+def _run_strategy(job, recorder, runtime, resume: bool) -> tuple[dict, "torch.Tensor", dict | None]:
+    """Run ``job`` with its strategy (on ``runtime``, or one made and shut down here); ``(summary, flat,
+    buffers)``: the summary as ``summary.json`` holds it, the final parameters, and the module buffers (None where
+    the strategy does not carry them)."""
     cfg = job.cfg
     if cfg.strategy == "sgd" and cfg.partitions > 1:
         # the paper's single replica split over P partition workers, no parameter server
@@ -196,19 +233,19 @@ def _run_strategy(job, recorder, runtime, resume: bool, callbacks) -> tuple[dict
         runtime = make_runtime(cfg) if own_runtime else runtime
         try:
             runtime.check_capacity(1, partitions=cfg.partitions, log=recorder.log)
-            summary, flat = run_partitioned_sgd(job, runtime, recorder)
+            summary, flat, buffers = run_partitioned_sgd(job, runtime, recorder)
         finally:
             if own_runtime:
                 runtime.shutdown()
     elif cfg.strategy == "sgd":
         from distbelief.baselines.single import run_single_process
 
-        summary, flat = run_single_process(job, recorder)
+        summary, flat, buffers = run_single_process(job, recorder)
     elif cfg.strategy in LOCAL_STRATEGIES:
         from distbelief.baselines.multiprocess import run_ddp, run_hogwild
 
         run = run_hogwild if cfg.strategy == "hogwild" else run_ddp
-        summary, flat = run(job, recorder, callbacks=callbacks)
+        summary, flat, buffers = run(job, recorder)
     else:
         own_runtime = runtime is None
         if own_runtime:
@@ -224,20 +261,20 @@ def _run_strategy(job, recorder, runtime, resume: bool, callbacks) -> tuple[dict
             elif cfg.strategy == "sync":
                 from distbelief.downpour.sync import SyncTrainer
 
-                trainer = SyncTrainer(job, runtime, recorder, resume=resume, callbacks=callbacks)
+                trainer = SyncTrainer(job, runtime, recorder, resume=resume)
             else:
                 from distbelief.downpour.trainer import ParameterServerTrainer
 
-                trainer = ParameterServerTrainer(job, runtime, recorder, resume=resume, callbacks=callbacks)
+                trainer = ParameterServerTrainer(job, runtime, recorder, resume=resume)
             recorder.write_config()  # a resume's overrides were accepted by the trainer's checks
             summary = trainer.run()
-            flat = trainer.final_flat
+            flat, buffers = trainer.final_flat, trainer.final_buffers
         finally:
             if own_runtime:
                 runtime.shutdown()
     if isinstance(summary, RunSummary):
         summary = summary.to_dict()
-    return summary, flat
+    return summary, flat, buffers
 
 
 def make_runtime(cfg: RunConfig):

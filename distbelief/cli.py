@@ -101,6 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--models", nargs="+", default=None,
                    help="throughput: paper (42M-parameter speech model) and/or fig4 (speech-tiny, 8192 Zipf "
                         "classes) (default: both; --quick runs one tiny model instead)")
+    p.add_argument("--address", default=None,
+                   help="throughput, fig4: run the Ray strategies (downpour, sync, sandblaster) on the Ray cluster at "
+                        "this address (token authentication as for train); the local baselines run on this "
+                        "machine. fig3 and fig5 pin this machine's cores and refuse it")
     p.add_argument("--repeats", type=int, default=None,
                    help="throughput: rounds of every method, interleaved; the median is reported (default 3)")
     p = sub.add_parser("plot", help="overlay the accuracy-vs-time curves of run directories")
@@ -109,7 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-_SETTINGS = frozenset(f.name for f in fields(RunConfig)) | {"resume", "config"}
+# every name an error may start with that the user typed as a flag: the settings, and the options of train and bench
+_SETTINGS = frozenset(f.name for f in fields(RunConfig)) | {"resume", "config", "cores", "methods", "models",
+                                                            "repeats", "steps"}
 
 
 def as_flags(err: ConfigError) -> str:
@@ -170,6 +176,9 @@ def _bench(args: argparse.Namespace) -> int:
     for name in ("models", "repeats"):
         if getattr(args, name) is not None:
             raise ConfigError(name, f"is an option of bench throughput, not of {args.figure}")
+    if args.address and args.figure != "fig4":
+        raise ConfigError("address", f"bench {args.figure} pins this machine's cores; --address is for "
+                                     f"throughput and fig4")
     cores = args.cores if args.cores is not None else (os.cpu_count() or 1)
     have = os.cpu_count() or 1
     if not 1 <= cores <= have:
@@ -186,7 +195,8 @@ def _bench(args: argparse.Namespace) -> int:
         from distbelief.bench import accuracy
 
         run = accuracy.run_fig4 if args.figure == "fig4" else accuracy.run_fig5
-        run(out, cores, args.quick, args.methods, log=log, max_seconds=args.max_seconds)
+        extra = {"address": args.address} if args.address else {}
+        run(out, cores, args.quick, args.methods, log=log, max_seconds=args.max_seconds, **extra)
     print(f"wrote {out / 'results.json'}")
     return 0
 
@@ -201,7 +211,8 @@ def _bench_throughput(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
-    res = run_throughput(out, args.quick, args.models, args.methods, args.repeats, args.max_seconds, log=log)
+    res = run_throughput(out, args.quick, args.models, args.methods, args.repeats, args.max_seconds, log=log,
+                         address=args.address or "")
     print(res["table_markdown"])
     print(f"wrote {out / 'results.json'}")
     return 0

@@ -69,6 +69,7 @@ class RunConfig:
     warmstart_steps: int = 0
     init_params: str = ""
     overlap: bool = False
+    staleness_aware: bool = False
     # when to stop
     max_steps: int = 0
     max_seconds: float = 60.0
@@ -77,6 +78,7 @@ class RunConfig:
     evaluation: str = "auto"
     eval_samples: int = 0
     train_eval_samples: int = 0
+    metrics_port: int = 0
     # where and how to run
     seed: int = 0
     out: str = ""
@@ -103,9 +105,9 @@ class RunConfig:
     def normalized(self) -> RunConfig:
         """A copy of this config with its derived settings filled in (this config is not changed):
 
-        - 0 ("auto") in ``num_classes``, ``lr``, ``batch_size``, ``lbfgs_batch`` and ``portion_size`` becomes the value of
-          ``distbelief.defaults`` for the task, model and strategy (so config.toml records what the run really
-          used); a value the user set is kept;
+        - 0 ("auto") in ``num_classes``, ``lr``, ``batch_size``, ``lbfgs_batch`` and ``portion_size`` becomes
+          the value of ``distbelief.defaults`` for the task, model and strategy (so config.toml records what the
+          run really used); a value the user set is kept;
         - ``optimizer = "auto"`` becomes Adagrad on a parameter server (downpour, sync: the paper's choice) and
           plain SGD otherwise (sgd, hogwild, ddp; sandblaster does not read it);
         - ``strategy = "sgd"`` is one process by definition: its ``replicas`` becomes 1 (the count is not used).
@@ -196,8 +198,10 @@ class RunConfig:
         for name in ("warmstart_steps", "max_steps", "threads", "max_replica_restarts", "num_classes",
                      "eval_samples", "train_eval_samples"):
             _at_least(self, name, 0)
-        for name in ("checkpoint_every_updates", "max_shard_restarts"):
+        for name in ("checkpoint_every_updates", "max_shard_restarts", "metrics_port"):
             _at_least(self, name, 0)
+        if self.metrics_port > 65535:
+            raise ConfigError("metrics_port", f"must be a TCP port (1-65535), or 0 for none; got {self.metrics_port}")
         for name in ("max_seconds", "target_accuracy", "local_lr", "adagrad_initial_accumulator",
                      "checkpoint_every_seconds"):
             _at_least(self, name, 0)
@@ -229,6 +233,10 @@ class RunConfig:
         if self.address and self.strategy == "sgd" and self.partitions == 1:
             raise ConfigError("address", "single-process sgd runs in this process; drop --address (or add "
                                          "--partitions P to spread its one replica over the cluster)")
+        if self.staleness_aware and self.durability == "log" and self.strategy == "downpour":
+            raise ConfigError("staleness_aware", "is not available with durability = \"log\" yet (the write-ahead "
+                                                 "log does not record each push's staleness, so a replay could not "
+                                                 "repeat its rate); use durability snapshot or off")
         if self.address and self.runtime != "ray":
             raise ConfigError("address", "--address needs the ray runtime (runtime = \"ray\")")
 
@@ -288,6 +296,8 @@ FIELD_HELP: dict[str, str] = {
     "warmstart_steps": "steps one replica trains alone before the others join",
     "init_params": "start every model from these parameters: a params.safetensors file or the run directory "
                    "holding one (e.g. a short single-process run: the paper's shared warmstart for Fig. 4)",
+    "staleness_aware": "scale each push's step by 1/staleness (the updates the shard applied since the replica "
+                       "fetched; Zhang et al., IJCAI 2016), so stale gradients move the parameters less",
     "overlap": "prefetch the next parameters while computing (one step staler; measured slower than the default "
                "fused push-fetch loop on one machine, see benchmarks/RESULTS.md)",
     "max_steps": "stop after this many steps per replica (sandblaster: L-BFGS iterations) (0 = no limit)",
@@ -303,6 +313,9 @@ FIELD_HELP: dict[str, str] = {
                     "next to training for large test sets",
     "train_eval_samples": "also measure training accuracy, on a fixed random sample of N training examples, at "
                           "every evaluation (0 = off)",
+    "metrics_port": "serve the run's metrics for Prometheus at http://HOST:PORT/metrics from the driver "
+                    "(examples/s, accuracy, loss, staleness, per-shard update rate, bytes; updated at every "
+                    "evaluation) (0 = off)",
     "seed": "random seed (model init, data order, data generation)",
     "out": "run directory (default runs/<timestamp>)",
     "tensorboard": "also write the run's scalars (loss, accuracy, examples/s, per-shard update rate, staleness, "
@@ -352,7 +365,7 @@ def config_from(values: dict[str, Any], base: RunConfig | None = None) -> RunCon
 
 # ---------------------------------------------------------------- which strategies read which settings
 # Settings that only some strategies read (the others would silently ignore them).
-_DOWNPOUR_ONLY = ("fetch_every", "push_every", "local_lr", "overlap", "warmstart_steps")
+_DOWNPOUR_ONLY = ("fetch_every", "push_every", "local_lr", "overlap", "warmstart_steps", "staleness_aware")
 _WITH_SERVER = ("downpour", "sync", "sandblaster")  # strategies with parameter shards
 APPLIES_TO: dict[str, tuple[str, ...]] = {
     **{name: ("downpour",) for name in _DOWNPOUR_ONLY},

@@ -22,9 +22,10 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "run": ("strategy", "replicas", "shards", "partitions", "batch_size", "optimizer", "lr", "adagrad_eps",
             "adagrad_initial_accumulator", "seed", "out", "tensorboard", "runtime", "threads", "init_params"),
     "stop": ("max_steps", "max_seconds", "target_accuracy"),
-    "downpour": ("fetch_every", "push_every", "local_lr", "overlap", "warmstart_steps", "max_replica_restarts"),
+    "downpour": ("fetch_every", "push_every", "local_lr", "overlap", "staleness_aware", "warmstart_steps",
+                 "max_replica_restarts"),
     "sandblaster": ("lbfgs_batch", "portion_size", "history", "push_every_portions", "backup_tasks"),
-    "eval": ("eval_every_seconds", "evaluation", "eval_samples", "train_eval_samples"),
+    "eval": ("eval_every_seconds", "evaluation", "eval_samples", "train_eval_samples", "metrics_port"),
     "durability": ("durability", "checkpoint_every_seconds", "checkpoint_every_updates", "log_max_mb",
                    "max_shard_restarts"),
     "cluster": ("address", "remote_timeout_s"),
@@ -108,10 +109,10 @@ FORMER_TEST_HOOKS = ("kill_replica_at_step", "kill_replica_id", "kill_partition_
 
 
 def upgrade_legacy(values: dict[str, Any]) -> dict[str, Any]:
-    """Settings of older runs (their config.toml must still resume): ``server_optimizer`` is ``optimizer`` (the update rule of every SGD-family strategy, not
-    only a server's); before ``durability`` replaced ``wal``,
-    ``wal = true`` is ``durability = "log"``; ``wal = false`` is ``"snapshot"``, or ``"off"`` when checkpoints
-    were off too. Changes ``values`` in place and returns it."""
+    """Settings of older runs (their config.toml must still resume): ``server_optimizer`` is ``optimizer``
+    (the update rule of every SGD-family strategy, not only a server's); before ``durability`` replaced
+    ``wal``, ``wal = true`` is ``durability = "log"``; ``wal = false`` is ``"snapshot"``, or ``"off"`` when
+    checkpoints were off too. Changes ``values`` in place and returns it."""
     if "server_optimizer" in values:
         values.setdefault("optimizer", values.pop("server_optimizer"))
     if "wal" in values:

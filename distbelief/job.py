@@ -28,6 +28,7 @@ class Job:
     threads: int
     train_probe: Dataset | None = None  # a fixed sample of the training set for training accuracy (or None)
     faults: Any = None  # distbelief.testing.Faults to inject (tests and benchmarks), or None
+    metric_fn: Callable | None = None  # metric_fn(outputs, targets) -> float over a whole set; None = accuracy
 
     def __post_init__(self):
         if self.faults is None:

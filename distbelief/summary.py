@@ -100,3 +100,29 @@ _EVERY_RUN = frozenset(f.name for f in fields(RunSummary) if f.default is MISSIN
 def rate(examples: int, wall_s: float) -> float:
     """Examples per second over a run's training time (0 for a run that did not start)."""
     return examples / wall_s if wall_s > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One evaluation of a run, as ``train(..., callbacks=[f])`` hands it to ``f`` (in the driver process, right
+    after the line is written to ``metrics.jsonl``), whatever the strategy.
+
+    ``values`` is the whole record (the same keys as the ``metrics.jsonl`` line, e.g. ``staleness_mean`` for
+    Downpour, ``iterations`` for Sandblaster); the attributes are the ones every strategy records. Times are
+    training time: evaluations that pause training are not counted.
+    """
+
+    wall_s: float
+    examples: int
+    examples_per_s: float
+    test_accuracy: float  # or the metric the run evaluates
+    test_loss: float | None
+    train_loss: float | None  # the replicas' recent training loss (None before any step)
+    train_accuracy: float | None  # None unless train_eval_samples is set
+    values: dict[str, Any]
+
+    @classmethod
+    def from_record(cls, rec: dict[str, Any]) -> "Evaluation":
+        return cls(wall_s=rec["wall_s"], examples=rec["examples"], examples_per_s=rec.get("examples_per_s", 0.0),
+                   test_accuracy=rec["test_accuracy"], test_loss=rec.get("test_loss"),
+                   train_loss=rec.get("train_loss"), train_accuracy=rec.get("train_accuracy"), values=dict(rec))

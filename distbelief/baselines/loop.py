@@ -16,6 +16,7 @@ import torch
 
 from distbelief.evaluation import evaluate_job
 from distbelief.metrics import Clock, EvalSchedule, RunRecorder
+from distbelief.buffers import buffers_of
 from distbelief.ps.sharding import flatten
 from distbelief.summary import RunSummary, rate
 
@@ -80,9 +81,9 @@ class OneReplicaRun:
         """Training seconds left of the time budget (inf: none set)."""
         return max(0.0, self.cfg.max_seconds - self.clock.elapsed()) if self.cfg.max_seconds else math.inf
 
-    def run(self) -> tuple[RunSummary, torch.Tensor]:
+    def run(self) -> tuple[RunSummary, torch.Tensor, dict | None]:
         """Train, evaluating when due, until the target, the step limit or the time budget; evaluate once more
-        and return ``(summary, flat parameters)``."""
+        and return ``(summary, flat parameters, module buffers)``."""
         self.clock = Clock()  # from here on is training
         try:
             while True:
@@ -109,7 +110,7 @@ class OneReplicaRun:
             steps_per_replica=[self.steps], stop_reason=self.stop_reason, wall_s=wall,
             optimizer=self.cfg.optimizer, partitions=self.cfg.partitions, **self.summary_fields(),
         )
-        return summary, flat
+        return summary, flat, buffers_of(self._evaluated) or None
 
     def _evaluate(self) -> float:
         """Evaluate the current parameters with the clock stopped; write the metrics record; the accuracy."""

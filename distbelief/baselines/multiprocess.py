@@ -39,17 +39,16 @@ from distbelief.exceptions import DistBeliefError, RemoteTimeoutError, RoleFaile
 from distbelief.metrics import Clock, EvalSchedule, RunRecorder
 from distbelief.ps.sharding import flatten
 from distbelief.summary import RunSummary, rate
+from distbelief.testing.faults import FaultInjector
 
 
 class MultiprocessRun:
     """Drives one hogwild or ddp run: starts the workers, evaluates, enforces the stop conditions, handles
-    deaths and hangs, writes the metrics. Callbacks ``f(run, record)`` see ``run.worker_pids`` (tests and
-    demos)."""
+    deaths and hangs, writes the metrics. A test's probe (``Faults.on_evaluation``) sees ``run.worker_pids``."""
 
-    def __init__(self, job, recorder: RunRecorder, strategy: str, callbacks: list | None = None):
+    def __init__(self, job, recorder: RunRecorder, strategy: str):
         self.job, self.rec, self.strategy = job, recorder, strategy
         self.cfg = cfg = job.cfg
-        self.callbacks = list(callbacks or [])
         self.timeout_s = cfg.remote_timeout_s
         self.ctx = context(preload=[worker_main.__module__])
         self.progress = SharedProgress(cfg.replicas)
@@ -66,7 +65,7 @@ class MultiprocessRun:
         self.events: list[dict] = []
         self.clock: Clock | None = None
         self.best, self.time_to_target, self.stop_reason = -1.0, None, ""
-        self._killed_once = False
+        self.faults = FaultInjector(job.faults)
 
     @property
     def worker_pids(self) -> dict[int, int]:
@@ -208,8 +207,8 @@ class MultiprocessRun:
         self.best = max(self.best, acc)
         if self.cfg.target_accuracy and acc >= self.cfg.target_accuracy and self.time_to_target is None:
             self.time_to_target = wall
-        for callback in self.callbacks:
-            callback(self, rec)
+        if self.job.faults.on_evaluation is not None:  # a test's probe (distbelief.testing)
+            self.job.faults.on_evaluation(self, rec)
         return rec
 
     def _updates(self, steps: list[int]) -> int:
@@ -248,23 +247,25 @@ class MultiprocessRun:
                                   f"{': ' + why if why else ''}; terminated")
 
     def _kill_pending(self) -> bool:
-        return bool(self.job.faults.kill_replica_at_step) and not self._killed_once
+        return self.faults.pending
 
     def _maybe_inject_fault(self) -> None:
         """Kill worker kill_replica_id once the run's steps (every worker's, as the driver sees them) reach
         kill_replica_at_step: a step count, unlike a time, puts the kill at the same point of every run."""
-        faults = self.job.faults
-        steps = self.progress.total_steps()
-        if not self._kill_pending() or steps < faults.kill_replica_at_step:
-            return
-        self._killed_once = True
-        pid = self.worker_pids.get(faults.kill_replica_id)
+        if self.faults.pending:
+            self.faults.check(self.progress.total_steps(), self._no_shard_to_kill, self._kill_worker)
+
+    def _no_shard_to_kill(self, shard_id: int, steps: int) -> None:
+        self.rec.log(f"fault injection: {self.strategy} has no parameter shards; kill_shard_at_step ignored")
+
+    def _kill_worker(self, rank: int, partition_id: int, steps: int) -> bool:
+        pid = self.worker_pids.get(rank)
         if pid is not None:
-            self.rec.log(f"fault injection: killing {self.strategy} worker {faults.kill_replica_id} at step "
-                         f"{steps}")
-            self.events.append({"event": "replica killed", "id": faults.kill_replica_id, "step": steps,
+            self.rec.log(f"fault injection: killing {self.strategy} worker {rank} at step {steps}")
+            self.events.append({"event": "replica killed", "id": rank, "step": steps,
                                 "wall_s": self.clock.elapsed()})
             os.kill(pid, signal.SIGKILL)
+        return True  # fires once, as it always did (a worker already gone has nothing to kill)
 
     # ------------------------------------------------------------------ the run
     def _supervise(self) -> None:
@@ -292,7 +293,7 @@ class MultiprocessRun:
                 self.stop_reason = "time budget spent"
                 return
 
-    def run(self) -> tuple[RunSummary, torch.Tensor]:
+    def run(self) -> tuple[RunSummary, torch.Tensor, None]:
         cfg = self.cfg
         torch.set_num_threads(1)  # the driver only evaluates; leave the cores to the workers
         self.rec.log(f"{self.strategy}: starting {cfg.replicas} worker processes "
@@ -328,7 +329,7 @@ class MultiprocessRun:
             summary.error = str(failure)
             self.rec.finish(summary.to_dict(), flat)  # the partial run is still a valid run directory
             raise failure
-        return summary, flat
+        return summary, flat, None  # module buffers are the workers' own; not carried (docs/api.md)
 
     def _summary(self, final: dict, wall: float) -> RunSummary:
         """Hogwild's workers update one shared vector (one "shard", with staleness); DDP's ranks have no owner
@@ -361,21 +362,21 @@ class MultiprocessRun:
                                      else len(set(digests + [param_digest(self.model)])) == 1)
         return summary
 
-def run_hogwild(job, recorder: RunRecorder, callbacks: list | None = None) -> tuple[RunSummary, torch.Tensor]:
+def run_hogwild(job, recorder: RunRecorder) -> tuple[RunSummary, torch.Tensor, None]:
     """Hogwild! over ``job.cfg.replicas`` processes sharing the parameters lock-free. Returns (summary, flat).
 
     Raises RoleFailedError / RemoteTimeoutError naming the worker when a worker fails to start, or when every
     worker has failed (the run directory is still written). The user's script needs the usual
     ``if __name__ == "__main__":`` guard: workers are started with forkserver or spawn.
     """
-    return MultiprocessRun(job, recorder, "hogwild", callbacks).run()
+    return MultiprocessRun(job, recorder, "hogwild").run()
 
 
-def run_ddp(job, recorder: RunRecorder, callbacks: list | None = None) -> tuple[RunSummary, torch.Tensor]:
+def run_ddp(job, recorder: RunRecorder) -> tuple[RunSummary, torch.Tensor, None]:
     """Synchronous data parallelism with DistributedDataParallel (gloo, CPU) over ``job.cfg.replicas`` ranks
     on this machine. Returns (summary, flat) with rank 0's final parameters.
 
     Raises RoleFailedError / RemoteTimeoutError naming the rank when any rank fails or hangs (the run
     directory is still written with the partial results).
     """
-    return MultiprocessRun(job, recorder, "ddp", callbacks).run()
+    return MultiprocessRun(job, recorder, "ddp").run()

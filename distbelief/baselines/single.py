@@ -58,6 +58,6 @@ class SingleProcessRun(OneReplicaRun):
         return {"threads": self.job.threads}
 
 
-def run_single_process(job, recorder: RunRecorder) -> tuple[RunSummary, torch.Tensor]:
+def run_single_process(job, recorder: RunRecorder) -> tuple[RunSummary, torch.Tensor, dict | None]:
     """Train with ``torch.optim`` (SGD or Adagrad, as ``optimizer``) on all the training data."""
     return SingleProcessRun(job, recorder).run()

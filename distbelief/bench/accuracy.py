@@ -23,14 +23,15 @@ FIG5_METHODS = ("sgd-all", "adagrad-all", "downpour-sgd", "downpour-adagrad", "s
 
 
 def run_fig4(out: Path, cores: int, quick: bool, methods: list[str] | None = None, log=print,
-             max_seconds: float | None = None) -> dict:
-    """Every method from one warmstart, each for the whole budget (full curves); write results.json, fig4.png."""
+             max_seconds: float | None = None, address: str = "") -> dict:
+    """Every method from one warmstart, each for the whole budget (full curves); write results.json, fig4.png.
+    With ``address`` the Ray methods run on that cluster, the others on this machine."""
     from distbelief.bench.plots import plot_fig4
 
     recipe = recipe_for(quick, max_seconds)
     methods = _methods(recipe, methods, ("sgd-1",) + tuple(m for m in recipe.methods if m != "sgd-1"))
-    sweep = Sweep("fig4", recipe, out, cores, quick, log)
-    connect_ray(cores, methods, recipe)
+    sweep = Sweep("fig4", recipe, out, cores, quick, log, address=address)
+    connect_ray(cores, methods, recipe, address)
     sweep.warmstart()
     for m in methods:
         sweep.measure(m, 1 if m == "sgd-1" else cores, stop_at_target=False)

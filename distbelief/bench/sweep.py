@@ -35,6 +35,7 @@ class Sweep:
     runs: list[dict] = field(default_factory=list)
     warm: dict = field(default_factory=dict)
     results_name: str = "results.json"
+    address: str = ""  # a Ray cluster for the Ray strategies (bench fig4 --address); "" = this machine
 
     def run_one(self, name: str, settings: dict[str, Any]) -> dict:
         from distbelief.api import train_task
@@ -62,6 +63,8 @@ class Sweep:
         settings = method_settings(self.recipe, method, cores)
         settings.update(init_params=self.warm["run_dir"], max_seconds=self.recipe.max_seconds,
                         target_accuracy=self.recipe.target_accuracy if stop_at_target else 0.0)
+        if self.address and settings.get("strategy") in RAY_STRATEGIES:
+            settings["address"] = self.address
         n = len(self.runs) + 1
         self.log(f"[{self.figure}] run {n}: {label(method, cores)} for up to {self.recipe.max_seconds:.0f}s")
         try:
@@ -157,12 +160,16 @@ def _group_main(spec: dict) -> None:
         sweep.measure(m, spec["cores"], stop_at_target=True)
 
 
-def connect_ray(cores: int, methods: list[str], recipe: Recipe) -> None:
-    """Start the local Ray instance once for the whole sweep (only if a method needs it)."""
-    if any(recipe.methods[m]["strategy"] in ("downpour", "sandblaster", "sync") for m in methods):
+RAY_STRATEGIES = ("downpour", "sandblaster", "sync")
+
+
+def connect_ray(cores: int, methods: list[str], recipe: Recipe, address: str = "") -> None:
+    """Start the local Ray instance (or join the cluster at ``address``) once for the whole sweep, only if a
+    method needs it."""
+    if any(recipe.methods[m]["strategy"] in RAY_STRATEGIES for m in methods):
         from distbelief.runtime.ray_runtime import connect
 
-        connect(num_cpus=cores)
+        connect(address=address or None, num_cpus=None if address else cores)
 
 
 if __name__ == "__main__":  # a fig5 core-count group, started by pinned_group

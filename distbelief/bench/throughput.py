@@ -80,15 +80,19 @@ class Plan:
     methods: list[str]
     repeats: int
     max_seconds: float
+    address: str = ""  # a Ray cluster for the Ray strategies; the local baselines run on this machine
 
     def settings(self, model: str, method: str) -> dict[str, Any]:
         """The only settings this benchmark chooses for one run (the rest are RunConfig defaults)."""
         named = QUICK_MODEL if model == "quick" else MODELS[model]
-        return dict(named, **METHODS[method], max_seconds=self.max_seconds)
+        out = dict(named, **METHODS[method], max_seconds=self.max_seconds)
+        if self.address and out.get("strategy", "downpour") in RAY_STRATEGIES:
+            out["address"] = self.address
+        return out
 
 
 def make_plan(quick: bool, models: list[str] | None, methods: list[str] | None, repeats: int | None,
-              max_seconds: float | None) -> Plan:
+              max_seconds: float | None, address: str = "") -> Plan:
     """Options to a Plan; --quick changes only the defaults of what was not given explicitly."""
     if quick:
         models = ["quick"]
@@ -109,7 +113,7 @@ def make_plan(quick: bool, models: list[str] | None, methods: list[str] | None, 
     max_seconds = max_seconds if max_seconds is not None else (3.0 if quick else 40.0)
     if not max_seconds > 0:
         raise ConfigError("max_seconds", f"the per-run budget must be > 0, got {max_seconds}")
-    return Plan(quick, models, list(dict.fromkeys(methods)), repeats, float(max_seconds))
+    return Plan(quick, models, list(dict.fromkeys(methods)), repeats, float(max_seconds), address or "")
 
 
 def run_config(settings: dict[str, Any], run_dir: Path) -> RunConfig:
@@ -230,6 +234,7 @@ class Sweep:
             "benchmark": "throughput", "quick": self.plan.quick, "date": self.machine["date"],
             "machine": self.machine, "targets_measured_on_cores": 2,
             "repeats": self.plan.repeats, "max_seconds": self.plan.max_seconds, "statistic": "median",
+            "address": self.plan.address or None,
             "order": "interleaved: every repeat runs every method once, in the listed order",
             "pinned_settings": self.pinned_settings(),
             "defaults": "every setting not in pinned_settings is the RunConfig default of this checkout; no "
@@ -285,9 +290,11 @@ def markdown_table(res: dict) -> str:
 
 def run_throughput(out: Path, quick: bool = False, models: list[str] | None = None,
                    methods: list[str] | None = None, repeats: int | None = None,
-                   max_seconds: float | None = None, log: Callable[[str], None] = print) -> dict:
-    """Run the sweep; write ``out/results.json``; return the results (with ``table_markdown``)."""
-    plan = make_plan(quick, models, methods, repeats, max_seconds)
+                   max_seconds: float | None = None, log: Callable[[str], None] = print,
+                   address: str = "") -> dict:
+    """Run the sweep; write ``out/results.json``; return the results (with ``table_markdown``). With
+    ``address`` the Ray strategies join that cluster; the local baselines run on this machine."""
+    plan = make_plan(quick, models, methods, repeats, max_seconds, address)
     sweep = Sweep(plan, out, log)  # builds and validates every config first: a bad setting costs no run
     log(f"[throughput] {len(plan.models)} model(s) x {len(plan.methods)} methods x {plan.repeats} repeats, "
         f"{plan.max_seconds:g} s each{' (quick)' if quick else ''}")

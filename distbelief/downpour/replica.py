@@ -33,8 +33,10 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-from distbelief.data.batches import BatchSource
+from distbelief.buffers import buffers_of
+from distbelief.data.batches import BatchSource, replica_indices
 from distbelief.exceptions import ReplicaKilled
+from distbelief.job import materialize
 from distbelief.ps.sharding import bind_flat
 from distbelief.runtime.base import Done
 
@@ -68,6 +70,8 @@ class GradientSource(Protocol):
 
     def agree(self, step: int, go: bool) -> bool: ...
 
+    def module_buffers(self) -> dict[str, torch.Tensor]: ...
+
     def adopt_buffers(self, buffers: tuple) -> bool: ...
 
     def stats(self) -> dict[str, Any]: ...
@@ -100,6 +104,9 @@ class WholeModel:
 
     def agree(self, step: int, go: bool) -> bool:
         return go
+
+    def module_buffers(self) -> dict[str, torch.Tensor]:
+        return buffers_of(self.model)
 
     def stats(self) -> dict[str, Any]:
         return {}
@@ -208,6 +215,10 @@ class ModelReplica:
         """Point this replica at a restarted shard; calls waiting on the dead one are re-sent to it. Returns the
         highest version the dead one acknowledged to us (0: none)."""
         return self.client.replace_shard(shard_id, handle)
+
+    def module_buffers(self) -> dict[str, Any]:
+        """This replica's module buffers (BatchNorm statistics), as numpy arrays by name (see buffers.py)."""
+        return {name: b.numpy() for name, b in self.source.module_buffers().items()}
 
     def params(self) -> tuple[int, Any]:
         """``(lo, values)``: the parameter range this loop trains, at its flat offset (a copy)."""
@@ -348,3 +359,33 @@ class ModelReplica:
         layout = self.client.layout
         parts = tuple(g[lo:hi].copy() for lo, hi in map(layout.range, range(layout.num_shards)))
         return (*parts, {"loss": loss, "examples": len(y)})
+
+
+@dataclass
+class ReplicaRecipe:
+    """Builds a ModelReplica where it will live (picklable: it travels to the replica's process).
+    ``partition/replica.PartitionRecipe`` builds one partition of one the same way."""
+
+    replica_id: int
+    num_replicas: int
+    model_fn: Callable[[], torch.nn.Module]
+    train_data: Any
+    batch_size: int
+    seed: int
+    settings: ReplicaSettings
+    loss_fn: Callable
+
+    def model_and_batches(self, model_seed: int | None = None) -> tuple[torch.nn.Module, BatchSource]:
+        """The replica's model (initialised from ``model_seed``; by default one seed per replica — the first
+        fetch overwrites it anyway) and its minibatches: its own share of the training set, in an order of its
+        own that every partition of the replica draws alike."""
+        ds = materialize(self.train_data)
+        torch.manual_seed(self.seed + 1009 * (self.replica_id + 1) if model_seed is None else model_seed)
+        model = self.model_fn()
+        idx = replica_indices(len(ds), self.num_replicas, self.replica_id, self.seed)
+        return model, BatchSource(ds, idx, self.batch_size, seed=self.seed * 7919 + self.replica_id)
+
+    def __call__(self, client) -> ModelReplica:
+        model, batches = self.model_and_batches()
+        return ModelReplica(self.replica_id, WholeModel(self.replica_id, model, self.loss_fn), batches, client,
+                            self.settings)

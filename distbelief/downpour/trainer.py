@@ -11,16 +11,15 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
 
 import torch
 
-from distbelief.data.batches import BatchSource, replica_indices
-from distbelief.downpour.replica import ModelReplica, ReplicaSettings, WholeModel
+from distbelief.buffers import average, buffers_of, load_buffers
+from distbelief.downpour.replica import ReplicaRecipe, ReplicaSettings
 from distbelief.downpour.shards import ServerShards, durability_for, staleness
 from distbelief.evaluation import evaluate_job
 from distbelief.exceptions import ConfigError, RemoteTimeoutError, RoleFailedError
-from distbelief.job import Job, materialize
+from distbelief.job import Job
 from distbelief.metrics import Clock, EvalSchedule, RunRecorder
 from distbelief.ps.optimizers import make_server_optimizer
 from distbelief.ps.sharding import flatten, unflatten_into
@@ -29,29 +28,6 @@ from distbelief.runtime.base import Future, Role, Runtime
 from distbelief.summary import RunSummary, rate
 from distbelief.supervisor import Decision, RestartPolicy, Supervisor
 from distbelief.testing.faults import FaultInjector
-
-
-@dataclass
-class ReplicaRecipe:
-    """Builds a ModelReplica where it will live (picklable: it travels to the replica's process)."""
-
-    replica_id: int
-    num_replicas: int
-    model_fn: Callable[[], torch.nn.Module]
-    train_data: Any
-    batch_size: int
-    seed: int
-    settings: ReplicaSettings
-    loss_fn: Callable
-
-    def __call__(self, client) -> ModelReplica:
-        ds = materialize(self.train_data)
-        torch.manual_seed(self.seed + 1009 * (self.replica_id + 1))
-        model = self.model_fn()
-        idx = replica_indices(len(ds), self.num_replicas, self.replica_id, self.seed)
-        batches = BatchSource(ds, idx, self.batch_size, seed=self.seed * 7919 + self.replica_id)
-        return ModelReplica(self.replica_id, WholeModel(self.replica_id, model, self.loss_fn), batches, client,
-                            self.settings)
 
 
 @dataclass
@@ -75,19 +51,21 @@ class _ReplicaState:
 class ParameterServerTrainer:
     """Runs ``downpour`` over a Runtime (``SyncTrainer`` in sync.py: ``sync``). One instance per run."""
 
-    def __init__(self, job: Job, runtime: Runtime, recorder: RunRecorder, resume: bool = False,
-                 callbacks: list | None = None):
+    def __init__(self, job: Job, runtime: Runtime, recorder: RunRecorder, resume: bool = False):
         self.job, self.runtime, self.rec = job, runtime, recorder
-        self.callbacks = list(callbacks or [])  # callback(trainer, metrics_record) after each evaluation
         cfg = job.cfg
         self.cfg = cfg
         self.timeout_s = cfg.remote_timeout_s
         torch.manual_seed(cfg.seed)
         self.eval_model = job.model_fn()
+        # Module buffers are the replicas' own; evaluations use their average. (Partitioned models have none.)
+        self._has_buffers = bool(buffers_of(self.eval_model)) and cfg.partitions == 1
+        self.final_buffers: dict | None = None
         init = flatten(self.eval_model)
         self.total = init.numel()
         self.optimizer = make_server_optimizer(cfg.optimizer, cfg.lr, cfg.adagrad_eps,
-                                               cfg.adagrad_initial_accumulator)
+                                               cfg.adagrad_initial_accumulator,
+                                               staleness_aware=cfg.staleness_aware and cfg.strategy == "downpour")
         self.durability, self._tmp = durability_for(cfg)
         self.prev: dict = {}  # the trainer state of the run we resume, if any
         self._retired = None
@@ -277,6 +255,7 @@ class ParameterServerTrainer:
         wall = self.clock.elapsed()
         flat = self.server.read(self.server.params)
         unflatten_into(self.eval_model, flat)
+        self._gather_buffers()
         acc, test_loss, train_acc = evaluate_job(self.eval_model, self.job)
         stats = self.server.read(self.server.stats)
         self._poll_replicas()
@@ -315,11 +294,26 @@ class ParameterServerTrainer:
         if self.cfg.target_accuracy and acc >= self.cfg.target_accuracy and self.time_to_target is None:
             self.time_to_target = wall
         self._save_state()
-        for callback in self.callbacks:
-            callback(self, rec)
+        if self.job.faults.on_evaluation is not None:  # a test's probe (distbelief.testing)
+            self.job.faults.on_evaluation(self, rec)
         return rec
 
     # ---------------------------------------------------------------- stop conditions
+    def _gather_buffers(self) -> None:
+        """The replicas' module buffers (BatchNorm statistics), averaged into the evaluation model (buffers.py)."""
+        if not self._has_buffers:
+            return
+        futs = [self.runtime.call(st.role, "module_buffers") for st in self.replicas.values() if st.running]
+        got = []
+        for f in futs:
+            try:
+                got.append({k: torch.as_tensor(v) for k, v in f.result(self.timeout_s).items()})
+            except (RoleFailedError, RemoteTimeoutError):
+                continue  # a replica that died: the supervisor restarts it; the others' buffers serve
+        if got:
+            self.final_buffers = average(got)
+            load_buffers(self.eval_model, self.final_buffers)
+
     def _time_left(self) -> float:
         if not self.cfg.max_seconds:
             return math.inf

@@ -18,12 +18,15 @@ from typing import Any
 
 import tomli_w
 
+from distbelief.buffers import BUFFER_PREFIX
 from distbelief.exceptions import DivergedError
 from distbelief.files import atomic_write
 from distbelief.metrics.divergence import DIVERGENCE_CEILING, DivergenceWatch, divergence_message
 from distbelief.metrics.plots import plot_runs
+from distbelief.metrics.prometheus import PrometheusExporter
 from distbelief.metrics.rundir import last_record
 from distbelief.metrics.tensorboard import _TensorBoardLog
+from distbelief.summary import Evaluation
 
 
 def _clean(v: Any) -> Any:
@@ -45,8 +48,12 @@ class RunRecorder:
     """
 
     def __init__(self, out_dir: str | Path | None, config: dict[str, Any], quiet: bool = False,
-                 write_config: bool = True, loss_ceiling: float = DIVERGENCE_CEILING):
+                 write_config: bool = True, loss_ceiling: float = DIVERGENCE_CEILING, callbacks=(),
+                 metrics_port: int = 0):
         self.out_dir = Path(out_dir) if out_dir else None
+        self.callbacks = list(callbacks)  # the user's f(Evaluation), after each record
+        # Prometheus gauges on metrics_port (0: none); a port in use is a ConfigError here, before any worker
+        self.exporter = PrometheusExporter(metrics_port) if metrics_port else None
         self.records: list[dict[str, Any]] = []
         self.quiet = quiet
         self.config = config
@@ -114,9 +121,15 @@ class RunRecorder:
         if self._tensorboard is not None:
             self._tensorboard.write(rec)
         self._show(rec)
+        if self.exporter is not None:
+            self.exporter.update(rec)
         if diverged:
             self.close_progress()
             raise DivergedError(divergence_message(self.config, rec.get("wall_s") or 0.0, diverged))
+        if self.callbacks:
+            evaluation = Evaluation.from_record(rec)
+            for callback in self.callbacks:
+                callback(evaluation)
 
     def _show(self, rec: dict[str, Any]) -> None:
         """The progress bar's update, or one plain line."""
@@ -155,13 +168,21 @@ class RunRecorder:
             self._bar.close()
             self._bar = None
 
-    def finish(self, summary: Any, flat_params=None, param_names=None) -> None:
-        """Close the run: write ``summary.json``, the final parameters (``flat_params``, if given) and the plot.
-        ``summary`` is a dict, or any object with a ``to_dict()`` method (converted with it first)."""
+    def close_exporter(self) -> None:
+        """Stop serving the Prometheus endpoint (idempotent; the run ended, or failed)."""
+        if self.exporter is not None:
+            self.exporter.close()
+            self.exporter = None
+
+    def finish(self, summary: Any, flat_params=None, param_names=None, buffers=None) -> None:
+        """Close the run: write ``summary.json``, the final parameters (``flat_params``, if given, with the module
+        ``buffers`` by name) and the plot. ``summary`` is a dict, or any object with a ``to_dict()`` method
+        (converted with it first)."""
         if not isinstance(summary, dict) and callable(getattr(summary, "to_dict", None)):
             summary = summary.to_dict()
         summary = _clean(summary)
         self.close_progress()
+        self.close_exporter()
         if self._tensorboard is not None:
             self._tensorboard.close()
             self._tensorboard = None
@@ -173,7 +194,9 @@ class RunRecorder:
         if flat_params is not None:
             from safetensors.torch import save_file
 
-            save_file({"flat_params": flat_params.detach().contiguous()}, str(self.out_dir / "params.safetensors"))
+            tensors = {"flat_params": flat_params.detach().contiguous()}
+            tensors.update({BUFFER_PREFIX + name: b.detach().contiguous() for name, b in (buffers or {}).items()})
+            save_file(tensors, str(self.out_dir / "params.safetensors"))
         try:
             plot_runs([self.out_dir], self.out_dir / "accuracy.png")
         except Exception as e:  # noqa: BLE001 - a plot must never lose a finished run

@@ -67,6 +67,6 @@ class PartitionedRun(OneReplicaRun):
         self.runtime.kill(self.role)
 
 
-def run_partitioned_sgd(job, runtime, recorder: RunRecorder) -> tuple[RunSummary, torch.Tensor]:
+def run_partitioned_sgd(job, runtime, recorder: RunRecorder) -> tuple[RunSummary, torch.Tensor, dict | None]:
     """Train one partitioned replica with local updates; evaluate every ``eval_every_seconds`` of training."""
     return PartitionedRun(job, runtime, recorder).run()

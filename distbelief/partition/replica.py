@@ -15,8 +15,7 @@ from typing import Any, Callable
 
 import torch
 
-from distbelief.data.batches import BatchSource, replica_indices
-from distbelief.downpour.replica import LocalUpdates, ModelReplica, ReplicaSettings
+from distbelief.downpour.replica import LocalUpdates, ModelReplica, ReplicaRecipe
 from distbelief.partition.model import PartitionedModel
 from distbelief.partition.partition import Partition
 from distbelief.partition.plan import HEAD
@@ -47,6 +46,9 @@ class PartitionGradients:
         self.partition = Partition(model, partition_id, transport, timeout_s)
         self.control_messages = 0
 
+    def module_buffers(self) -> dict[str, torch.Tensor]:
+        return {}  # partitioned models (partition/layers.py) have no buffers
+
     def adopt_buffers(self, buffers: tuple) -> bool:
         return False  # a partition's fetches and pushes cover its range only; no whole-vector shared buffers
 
@@ -73,37 +75,22 @@ class PartitionGradients:
 
 
 @dataclass
-class PartitionRecipe:
+class PartitionRecipe(ReplicaRecipe):
     """Builds one partition of a replica where it will live (picklable: it travels to the partition's process).
 
     ``recipe(partition_id, client_for, transport)``: ``client_for(lo, hi)`` returns the range client for the
     partition's parameter range (None means local updates with ``local_optimizer``).
     """
 
-    replica_id: int
-    num_replicas: int
-    model_fn: Callable[[], torch.nn.Module]
-    train_data: Any
-    batch_size: int
-    seed: int
-    settings: ReplicaSettings
-    loss_fn: Callable
     local_optimizer: Any = None
 
     def __call__(self, partition_id: int, client_for, transport: Transport) -> ModelReplica:
-        from distbelief.job import materialize
-
-        ds = materialize(self.train_data)
         # Local updates start from the driver's initial model (seeded with ``seed``); under Downpour the first
-        # fetch overwrites the initial values anyway.
-        local = self.local_optimizer is not None
-        torch.manual_seed(self.seed if local else self.seed + 1009 * (self.replica_id + 1))
-        model = self.model_fn()
+        # fetch overwrites the initial values anyway. The same batch order in every partition: they all draw
+        # the same minibatches without talking about it.
+        model, batches = self.model_and_batches(self.seed if self.local_optimizer is not None else None)
         if not isinstance(model, PartitionedModel):
             raise TypeError(f"partitions need a PartitionedModel, got {type(model).__name__}")
-        idx = replica_indices(len(ds), self.num_replicas, self.replica_id, self.seed)
-        # The same seed in every partition: they all draw the same minibatches without talking about it.
-        batches = BatchSource(ds, idx, self.batch_size, seed=self.seed * 7919 + self.replica_id)
         source = PartitionGradients(self.replica_id, partition_id, model, transport, self.loss_fn,
                                     self.settings.remote_timeout_s)
         if client_for is not None:

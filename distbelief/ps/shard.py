@@ -212,11 +212,12 @@ class ParameterShard(DurableShard, VectorAlgebra):
             return self.version
         a, b = lo - self.lo, hi - self.lo
         w = self.vectors[PARAMS]
-        if a == 0 and b == self.hi - self.lo:
-            self.optimizer.apply(w, g, self.opt_state)
-        else:
-            self.optimizer.apply(w[a:b], g, {k: v[a:b] for k, v in self.opt_state.items()})
         staleness = max(0, self.version - int(based_on_version))
+        scale = self.optimizer.rate_scale(staleness)
+        if a == 0 and b == self.hi - self.lo:
+            self.optimizer.apply(w, g, self.opt_state, scale)
+        else:
+            self.optimizer.apply(w[a:b], g, {k: v[a:b] for k, v in self.opt_state.items()}, scale)
         self.staleness_sum += staleness
         self.staleness_max = max(self.staleness_max, staleness)
         self.staleness_count += 1

@@ -364,6 +364,7 @@ class SandblasterTrainer:
             mean_iteration_s=wall / c["iterations"] if c["iterations"] else None,
         )
         self.final_flat = flat
+        self.final_buffers = None  # replicas' module buffers are not carried (docs/api.md)
         return summary
 
     def _iterate(self, coord: Coordinator) -> None:

@@ -12,6 +12,9 @@ count of the whole run, never at a wall-clock time, so it lands at the same poin
 - ``portion_delay_s``, ``straggler_id``, ``straggler_slowdown`` (Sandblaster): every portion takes at least
   ``portion_delay_s``, and replica ``straggler_id`` takes ``straggler_slowdown`` times as long (emulating a slow
   machine).
+- ``on_evaluation(driver, record)``: a test's probe into the driver (Downpour, sync, Hogwild, DDP), called after
+  each evaluation with the driver object itself — to kill a worker at a chosen moment, read the replicas' state
+  while they are paused, remove a node. Users' callbacks get a typed ``Evaluation`` instead (``train(callbacks=)``).
 
 Each fault fires once per run (not again after a resume).
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 from distbelief.exceptions import ConfigError
 
@@ -35,6 +39,7 @@ class Faults:
     portion_delay_s: float = 0.0
     straggler_id: int = -1  # -1 = none
     straggler_slowdown: float = 1.0
+    on_evaluation: Any = None  # f(driver, record), in the driver process
 
     def validate(self, replicas: int, shards: int, partitions: int) -> "Faults":
         """Check the faults against the run they go into; ConfigError names the field."""

@@ -124,7 +124,7 @@ def test_workers_are_paused_while_the_driver_evaluates(strategy):
     watch = WatchEvaluation(sleep_s=0.1)
     started = time.monotonic()
     res = train(make_odd_model, toy_split("train"), toy_split("test"), strategy=strategy, replicas=2,
-                max_seconds=1.5, eval_every_seconds=0.15, callbacks=[watch], **FAST)
+                max_seconds=1.5, eval_every_seconds=0.15, faults=Faults(on_evaluation=watch), **FAST)
     elapsed = time.monotonic() - started
     # (evaluations are spaced so that they stay under 10% of the run's time: the 0.1 s sleeps stretch them)
     assert res.summary["stop_reason"] == "time budget spent" and len(watch.seen) >= 2
@@ -201,7 +201,8 @@ def test_killed_hogwild_worker_does_not_stop_the_run(tmp_path):
             os.kill(killed["pid"], signal.SIGKILL)
 
     res = train(make_odd_model, toy_split("train"), toy_split("test"), strategy="hogwild", replicas=2,
-                max_seconds=3, eval_every_seconds=0.4, callbacks=[kill_worker_1], out=str(tmp_path / "run"),
+                max_seconds=3, eval_every_seconds=0.4, faults=Faults(on_evaluation=kill_worker_1),
+                out=str(tmp_path / "run"),
                 **FAST)
     summary, lines = check_run_dir(tmp_path / "run", "hogwild", RUN_FIELDS)
     assert killed and summary["replicas_lost"] == 1 and summary["stop_reason"] == "time budget spent"
@@ -253,7 +254,8 @@ def test_ctrl_c_stops_workers_and_writes_the_summary(tmp_path):
             os.kill(os.getpid(), signal.SIGINT)
 
     res = train(make_odd_model, toy_split("train"), toy_split("test"), strategy="hogwild", replicas=2,
-                max_seconds=60, eval_every_seconds=0.5, callbacks=[ctrl_c], out=str(tmp_path / "run"), **FAST)
+                max_seconds=60, eval_every_seconds=0.5, faults=Faults(on_evaluation=ctrl_c),
+                out=str(tmp_path / "run"), **FAST)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert pressed and summary["stop_reason"] == "interrupted" and summary["wall_s"] < pressed[0] + 10
     assert summary["replicas_lost"] == 0 and min(summary["steps_per_replica"]) > 0
@@ -327,5 +329,5 @@ def test_ddp_rank_killed_while_paused_fails_the_run_instead_of_hanging_it():
 
     with pytest.raises(RoleFailedError, match="ddp rank 1 failed"):
         train(make_odd_model, toy_split("train"), toy_split("test"), strategy="ddp", replicas=2,
-              max_seconds=60, eval_every_seconds=0.2, callbacks=[kill_rank_1], **FAST)
+              max_seconds=60, eval_every_seconds=0.2, faults=Faults(on_evaluation=kill_rank_1), **FAST)
     assert killed and multiprocessing.active_children() == []

@@ -120,7 +120,7 @@ def test_plot_overlays_runs_into_a_png(tmp_path):
 def test_bad_bench_arguments_exit_2_naming_them(tmp_path, args, field):
     r = subprocess.run(PY + ["bench", *args, "--quick", "--out", str(tmp_path / "x")], capture_output=True,
                        text=True, timeout=120)
-    assert r.returncode == 2 and field in r.stderr, r.stderr
+    assert r.returncode == 2 and f"error: --{field.replace('_', '-')}:" in r.stderr, r.stderr
     assert not (tmp_path / "x" / "results.json").exists()
 
 
@@ -209,5 +209,5 @@ def test_throughput_targets_are_ratios_of_medians():
 def test_bad_throughput_arguments_exit_2_naming_them(tmp_path, args, field):
     r = subprocess.run(PY + ["bench", "throughput", *args, "--out", str(tmp_path / "x")], capture_output=True,
                        text=True, timeout=120)
-    assert r.returncode == 2 and field in r.stderr, r.stderr
+    assert r.returncode == 2 and f"error: --{field.replace('_', '-')}:" in r.stderr, r.stderr
     assert not (tmp_path / "x" / "results.json").exists()

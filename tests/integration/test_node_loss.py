@@ -7,6 +7,7 @@ from ray.cluster_utils import Cluster
 from distbelief import RunConfig
 from distbelief.api import train_task
 from distbelief.runtime.ray_runtime import SHARD_NODE_RESOURCE, SYSTEM_CONFIG, RayRuntime
+from distbelief.testing import Faults
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -50,7 +51,8 @@ def test_losing_the_node_of_a_shard_and_replicas_the_run_still_reaches_its_targe
     cfg = RunConfig(runtime="ray", replicas=3, shards=2, batch_size=128, max_seconds=150, target_accuracy=0.75,
                     eval_every_seconds=1.0, checkpoint_every_seconds=1, durability="log", out=str(tmp_path / "run"))
     try:
-        res = train_task(cfg, quiet=True, runtime=runtime, callbacks=[remove_node_of_a_shard_and_a_replica])
+        res = train_task(cfg, quiet=True, runtime=runtime,
+                         faults=Faults(on_evaluation=remove_node_of_a_shard_and_a_replica))
     finally:
         runtime.shutdown()
     s = res.summary

@@ -2,6 +2,7 @@
 from the server's parameters while the other replica keeps training; a parameter shard dies -> every partition's
 client is pointed at the restarted shard and nothing is lost."""
 
+import dataclasses
 import threading
 import time
 from collections import Counter
@@ -126,7 +127,7 @@ class TestRayPartitionFaults:
             snapshots.append((record["wall_s"], *live_ray_state()))
 
         cfg, faults = partition_config("ray", kill_replica_at_step=30, kill_replica_id=1, kill_partition_id=1)
-        res = train_task(cfg, quiet=True, callbacks=[snapshot], faults=faults)
+        res = train_task(cfg, quiet=True, faults=dataclasses.replace(faults, on_evaluation=snapshot))
         assert_group_restarted(res.summary, "ray")
         # Before the kill and after the restart: one placement group and two partition actors per replica, one
         # group actor per replica, one actor per shard -- the dead group left nothing behind.

@@ -6,6 +6,7 @@ import time
 import pytest
 
 from distbelief.api import train
+from distbelief.testing import Faults
 from tests.conftest import make_odd_model
 
 
@@ -33,7 +34,7 @@ def check_paused_evaluation(toy_data, runtime):
     held = watch.held
     t0 = time.monotonic()
     res = train(make_odd_model, toy_data[0], toy_data[1], quiet=True, runtime=runtime, replicas=2, shards=2,
-                max_seconds=3, eval_every_seconds=0.5, batch_size=8, callbacks=[watch])
+                max_seconds=3, eval_every_seconds=0.5, batch_size=8, faults=Faults(on_evaluation=watch))
     elapsed = time.monotonic() - t0
     assert held and all(held)
     # training time excludes the evaluations: the run took its 3 s of training plus every evaluation
@@ -66,7 +67,7 @@ def test_partitioned_replicas_hold_still_while_the_driver_evaluates(runtime, req
     watch = StepWatch()
     cfg = RunConfig(runtime=runtime, model="lc1d", replicas=2, partitions=2, shards=2, batch_size=32,
                     num_samples=2000, max_seconds=3, eval_every_seconds=0.5)
-    res = train_task(cfg, quiet=True, callbacks=[watch])
+    res = train_task(cfg, quiet=True, faults=Faults(on_evaluation=watch))
     assert watch.held and all(watch.held)
     assert res.summary["wall_s"] == pytest.approx(3, abs=0.5)
 
@@ -76,7 +77,7 @@ def test_concurrent_evaluation_lets_the_replicas_train_meanwhile(toy_data):
     watch = StepWatch()
     res = train(make_odd_model, toy_data[0], toy_data[1], quiet=True, runtime="inprocess", replicas=2, shards=2,
                 max_seconds=2, eval_every_seconds=0.5, batch_size=8, evaluation="concurrent",
-                callbacks=[watch])
+                faults=Faults(on_evaluation=watch))
     assert watch.held and not any(watch.held)  # the replicas stepped during every evaluation
     assert res.summary["evaluation"] == "concurrent"
 
@@ -105,7 +106,7 @@ def test_slow_evaluations_are_spaced_out_to_a_tenth_of_the_run(toy_data, capsys)
         time.sleep(0.4)
 
     train(make_odd_model, toy_data[0], toy_data[1], runtime="inprocess", replicas=1, shards=1, max_seconds=8,
-          eval_every_seconds=0.2, batch_size=8, callbacks=[slow_evaluation])
+          eval_every_seconds=0.2, batch_size=8, faults=Faults(on_evaluation=slow_evaluation))
     gaps = [b - a for a, b in zip(times, times[1:-1])]  # the last one is the final evaluation
     assert gaps and min(gaps) >= 3.5
     err = capsys.readouterr().err

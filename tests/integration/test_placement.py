@@ -12,6 +12,7 @@ from distbelief.api import train_task
 from distbelief.exceptions import ConfigError
 from distbelief.ps.sharding import ShardLayout
 from distbelief.runtime.ray_runtime import SHARD_NODE_RESOURCE, SYSTEM_CONFIG, RayRuntime, connect, started_locally
+from distbelief.testing import Faults
 from tests.conftest import make_odd_model
 
 pytestmark = [pytest.mark.ray]
@@ -93,8 +94,8 @@ def _run_on(cluster, strategy: str, toy_data, steps: int):
     try:
         res = train(make_odd_model, toy_data[0], toy_data[1], runtime=runtime, strategy=strategy, replicas=2,
                     shards=3, max_steps=steps, max_seconds=0, eval_every_seconds=0.01, batch_size=8, lr=0.1,
-                    optimizer="sgd", callbacks=[lambda trainer, _: seen.setdefault("trainer", trainer)],
-                    quiet=True)
+                    optimizer="sgd", quiet=True,
+                    faults=Faults(on_evaluation=lambda trainer, _: seen.setdefault("trainer", trainer)))
         shards = seen["trainer"].shards
         placed = {"nodes": [runtime.node_of(s) for s in shards],
                   "stats": [runtime.call(s, "stats").result(30) for s in shards],
@@ -171,7 +172,7 @@ def test_shards_land_only_on_nodes_dedicated_to_them(toy_data):
 
         try:
             train(make_odd_model, toy_data[0], toy_data[1], runtime=runtime, replicas=1, shards=2, max_steps=2,
-                  max_seconds=0, eval_every_seconds=0.01, batch_size=8, callbacks=[record], quiet=True)
+                  max_seconds=0, eval_every_seconds=0.01, batch_size=8, faults=Faults(on_evaluation=record), quiet=True)
         finally:
             runtime.shutdown()
         assert nodes["shards"] == {dedicated.node_id}

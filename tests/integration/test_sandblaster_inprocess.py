@@ -174,7 +174,7 @@ def test_cli_sandblaster_without_backup_tasks(tmp_path, capsys):
 def test_cli_rejects_a_negative_portion_size(tmp_path, capsys):
     rc = main(["train", "--runtime", "inprocess", "--strategy", "sandblaster", "--portion-size", "-1",
                "--out", str(tmp_path / "run")])
-    assert rc == 2 and "error: portion_size:" in capsys.readouterr().err
+    assert rc == 2 and "error: --portion-size:" in capsys.readouterr().err
 
 
 def test_minibatch_mode_uses_a_new_batch_each_iteration(tmp_path):

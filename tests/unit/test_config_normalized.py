@@ -82,3 +82,19 @@ def test_an_old_sandblaster_run_keeps_its_batch_on_resume():
     old = {"strategy": "sandblaster", "batch_size": 512, "portion_size": 64}  # written before lbfgs_batch
     assert config_from(saved_run_values(old)).validate().lbfgs_batch == 512
     assert config_from(saved_run_values({**old, "lbfgs_batch": 256})).lbfgs_batch == 256
+
+
+def test_bench_address_goes_to_the_ray_strategies_only():
+    from distbelief.bench.throughput import make_plan
+
+    plan = make_plan(False, ["fig4"], ["sgd-1", "hogwild", "downpour"], 1, 10.0, address="10.0.0.1:6379")
+    assert plan.settings("fig4", "downpour")["address"] == "10.0.0.1:6379"
+    assert "address" not in plan.settings("fig4", "sgd-1") and "address" not in plan.settings("fig4", "hogwild")
+    assert "address" not in make_plan(False, ["fig4"], ["downpour"], 1, 10.0).settings("fig4", "downpour")
+
+
+def test_bench_refuses_address_where_it_pins_this_machines_cores(capsys):
+    from distbelief.cli import main
+
+    assert main(["bench", "fig5", "--address", "10.0.0.1:6379", "--out", "x"]) == 2
+    assert "--address: bench fig5 pins this machine's cores" in capsys.readouterr().err

@@ -30,3 +30,19 @@ def test_an_unknown_field_is_refused():
 
 def test_rate():
     assert rate(100, 4.0) == 25.0 and rate(100, 0.0) == 0.0
+
+
+def test_buffers_average_floats_and_take_the_largest_count():
+    import torch
+
+    from distbelief.buffers import average, buffers_of, load_buffers
+
+    a = {"m": torch.tensor([1.0, 3.0]), "n": torch.tensor(4)}
+    b = {"m": torch.tensor([3.0, 5.0]), "n": torch.tensor(7)}
+    avg = average([a, b, {}])
+    assert torch.equal(avg["m"], torch.tensor([2.0, 4.0])) and int(avg["n"]) == 7 and avg["n"].dtype == torch.int64
+    bn = torch.nn.BatchNorm1d(2)
+    load_buffers(bn, {"running_mean": avg["m"], "num_batches_tracked": avg["n"]})
+    assert torch.equal(buffers_of(bn)["running_mean"], torch.tensor([2.0, 4.0]))
+    with pytest.raises(KeyError):
+        load_buffers(bn, {"nope": torch.zeros(1)})
