@@ -62,11 +62,15 @@ def _resolve_threads(cfg: RunConfig) -> int:
 
 def check_model_and_data(model_fn, train_ds, loss_fn, metric_fn=None) -> None:
     """Run one tiny forward+backward in this process so shape errors surface before any worker starts."""
-    from torch.utils.data import default_collate
+    from torch.utils.data import IterableDataset
 
+    from distbelief.data.loading import loading_of
     from distbelief.job import materialize
 
     ds = materialize(train_ds)
+    if isinstance(getattr(ds, "dataset", ds), IterableDataset):
+        raise ConfigError("train_data", "iterable datasets are not supported yet: each replica samples its own "
+                                        "share of a map-style dataset (one with __len__ and __getitem__)")
     if len(ds) == 0:
         raise ConfigError("train_data", "the training dataset is empty")
     model = model_fn()
@@ -76,7 +80,15 @@ def check_model_and_data(model_fn, train_ds, loss_fn, metric_fn=None) -> None:
         if p.dtype != torch.float32:  # the shards, the data plane and the checkpoints hold float32
             raise ConfigError("model", f"parameter {name!r} is {p.dtype}; distbelief trains float32 parameters "
                                        f"(build the model in float32, e.g. return model.float() from model_fn)")
-    x, y = default_collate([ds[i] for i in range(min(2, len(ds)))])
+    try:
+        batch = loading_of(ds).collate([ds[i] for i in range(min(2, len(ds)))])
+    except Exception as e:  # noqa: BLE001 - the user's items or collate_fn, named before any worker starts
+        raise ConfigError("train_data", f"two items of the training set do not collate into (inputs, targets): "
+                                        f"{e}") from None
+    if not (isinstance(batch, (tuple, list)) and len(batch) == 2 and torch.is_tensor(batch[1])):
+        raise ConfigError("train_data", f"two items of the training set do not collate into (inputs, targets) "
+                                        f"but into a {type(batch).__name__}: pass collate_fn= to build that pair")
+    x, y = batch
     try:
         out = model(x)
     except RuntimeError as e:
@@ -103,9 +115,11 @@ def check_model_and_data(model_fn, train_ds, loss_fn, metric_fn=None) -> None:
 
 def compact_subset(dataset, indices) -> "torch.utils.data.TensorDataset":
     """The items at ``indices`` as a TensorDataset of their own (a Subset would keep the whole dataset alive)."""
-    from torch.utils.data import TensorDataset, default_collate
+    from torch.utils.data import TensorDataset
 
-    x, y = default_collate([dataset[i] for i in indices])
+    from distbelief.data.loading import loading_of
+
+    x, y = loading_of(dataset).collate([dataset[i] for i in indices])
     return TensorDataset(x, y)
 
 
@@ -121,6 +135,8 @@ def train(
     resume: bool = False,
     callbacks: list | None = None,
     metric_fn: Callable[[torch.Tensor, torch.Tensor], float] | None = None,
+    collate_fn: Callable | None = None,
+    loader_workers: int = 0,
     faults=None,
     **settings: Any,
 ) -> TrainResult:
@@ -140,6 +156,10 @@ def train(
         runtime: a Runtime instance, or the name of one (``"ray"``, ``"inprocess"``); by default
             ``config.runtime``.
         quiet: suppress progress output.
+        collate_fn: turns a list of dataset items into ``(inputs, targets)`` (torch's ``default_collate`` if None),
+            for training, evaluation and the early shape check; picklable where the workers are processes.
+        loader_workers: DataLoader worker processes per replica that prepare its next minibatches ahead (for
+            datasets whose items are costly to load; a TensorDataset is sliced directly instead).
         callbacks: functions ``f(evaluation)`` called in this process after each evaluation, for every strategy,
             with a ``distbelief.Evaluation`` (training time, examples, test accuracy and loss, training loss,
             and the whole ``metrics.jsonl`` record in ``values``). Raising stops the run with that error.
@@ -160,6 +180,13 @@ def train(
     from distbelief.testing.faults import Faults
 
     faults = (faults or Faults()).validate(cfg.replicas, cfg.shards, cfg.partitions)
+    if not isinstance(loader_workers, int) or isinstance(loader_workers, bool) or loader_workers < 0:
+        raise ConfigError("loader_workers", f"must be an integer >= 0, got {loader_workers!r}")
+    if collate_fn is not None or loader_workers:
+        from distbelief.data.loading import Loading, LoadingDataset, WithLoading
+
+        train_data = WithLoading(train_data, Loading(collate_fn, loader_workers))
+        test_data = LoadingDataset(test_data, Loading(collate_fn))
     custom_loss = loss_fn
     loss_fn = loss_fn or F.cross_entropy
     check_model_and_data(model_fn, train_data, loss_fn, metric_fn)
