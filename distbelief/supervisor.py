@@ -42,13 +42,16 @@ class RestartPolicy:
 class Supervisor:
     """The restart/drop bookkeeping for one run's replicas (ids are the driver's replica ids).
 
-    ``clock`` is injectable so the schedule is testable without waiting.
+    ``clock`` is injectable so the schedule is testable without waiting. ``earlier``: the restarts and losses of
+    the run this one resumes — counted in the reported totals, not against this run's budget (a resumed run starts
+    every replica afresh).
     """
 
     def __init__(self, policy: RestartPolicy, clock: Callable[[], float] = time.monotonic,
-                 restarts: dict[int, int] | None = None):
+                 restarts: dict[int, int] | None = None, earlier: tuple[int, int] = (0, 0)):
         self.policy = policy
         self.clock = clock
+        self.earlier_restarts, self.earlier_lost = earlier
         self.restarts: dict[int, int] = dict(restarts or {})  # restarts used, per replica
         self.lost: set[int] = set()  # dropped: out of restarts
         self.recovery_s: list[float] = []  # failure to restart, per restart
@@ -57,6 +60,16 @@ class Supervisor:
     @property
     def total_restarts(self) -> int:
         return sum(self.restarts.values())
+
+    @property
+    def replica_restarts(self) -> int:
+        """Restarts over the whole run, resumes included (what the summary reports)."""
+        return self.earlier_restarts + self.total_restarts
+
+    @property
+    def replicas_lost(self) -> int:
+        """Replicas dropped over the whole run, resumes included."""
+        return self.earlier_lost + len(self.lost)
 
     def failed(self, rid: int, stopping: bool = False) -> Decision:
         """Replica ``rid`` failed: drop it (out of restarts) or schedule its restart after the backoff. With

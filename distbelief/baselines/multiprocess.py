@@ -246,9 +246,6 @@ class MultiprocessRun:
         self._worker_failed(rank, f"made no progress for {self.timeout_s:g}s (remote_timeout_s)"
                                   f"{': ' + why if why else ''}; terminated")
 
-    def _kill_pending(self) -> bool:
-        return self.faults.pending
-
     def _maybe_inject_fault(self) -> None:
         """Kill worker kill_replica_id once the run's steps (every worker's, as the driver sees them) reach
         kill_replica_at_step: a step count, unlike a time, puts the kill at the same point of every run."""
@@ -274,7 +271,7 @@ class MultiprocessRun:
         schedule = EvalSchedule(cfg.eval_every_seconds, self.rec.log)
         last_progress: dict[int, tuple[int, float]] = {}
         while True:
-            poll_s = 0.005 if self._kill_pending() else 0.25  # a pending kill watches the step count closely
+            poll_s = 0.005 if self.faults.pending else 0.25  # a pending kill watches the step count closely
             self._collect_exits(min(next_eval - self.clock.elapsed(), poll_s))
             if not self.training:  # every worker reached max_steps (the lost ones were counted above)
                 self.stop_reason = "step limit reached"

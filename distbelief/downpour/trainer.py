@@ -104,21 +104,13 @@ class ParameterServerTrainer:
         self.stop_reason = ""
         self.examples_sync = p.get("examples_sync", 0)
         # restarts and losses of the run we resume carry over (the policy's budget is per run, not per resume)
-        self.supervisor = Supervisor(RestartPolicy(max_restarts=cfg.max_replica_restarts))
-        self._prev_restarts, self._prev_lost = p.get("replica_restarts", 0), p.get("replicas_lost", 0)
+        self.supervisor = Supervisor(RestartPolicy(max_restarts=cfg.max_replica_restarts),
+                                     earlier=(p.get("replica_restarts", 0), p.get("replicas_lost", 0)))
         self.faults = FaultInjector(job.faults, already_fired=bool(p))  # once per run, not again after a resume
 
     @property
     def shards(self) -> list[Role]:
         return self.server.roles
-
-    @property
-    def replica_restarts(self) -> int:
-        return self._prev_restarts + self.supervisor.total_restarts
-
-    @property
-    def replicas_lost(self) -> int:
-        return self._prev_lost + len(self.supervisor.lost)
 
     def _event(self, record: dict) -> None:
         self.events.append({**record, "wall_s": self.clock.elapsed() if self.clock else 0.0})
@@ -176,8 +168,8 @@ class ParameterServerTrainer:
             return
         write_trainer_state(self.cfg.out, {
             "wall_s": self.clock.elapsed(), "best_acc": self.best_acc, "time_to_target": self.time_to_target,
-            "examples_sync": self.examples_sync, "replica_restarts": self.replica_restarts,
-            "replicas_lost": self.replicas_lost, "shard_restarts": self.server.restarts,
+            "examples_sync": self.examples_sync, "replica_restarts": self.supervisor.replica_restarts,
+            "replicas_lost": self.supervisor.replicas_lost, "shard_restarts": self.server.restarts,
             "updates_lost": self.server.updates_lost, "steps_per_replica": [st.steps for st in self.replicas.values()],
             "warmstart_done": True if self.prev.get("warmstart_done") else self._warmstart_done,
         })
@@ -548,7 +540,7 @@ class ParameterServerTrainer:
             push_fetch_calls=sum(s.get("push_fetches", 0) for s in latest) if asynchronous else None,
             replicas_zero_copy=sum(bool(s.get("zero_copy")) for s in latest) if asynchronous else None,
             replicas_colocated=sum(bool(s.get("colocated")) for s in latest) if asynchronous else None,
-            replica_restarts=self.replica_restarts, replicas_lost=self.replicas_lost,
+            replica_restarts=self.supervisor.replica_restarts, replicas_lost=self.supervisor.replicas_lost,
             replica_recovery_s=list(self.supervisor.recovery_s),
             shard_restarts=self.server.restarts, updates_lost=self.server.updates_lost,
             shard_recovery_s=list(self.server.recovery_s),

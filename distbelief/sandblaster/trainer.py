@@ -115,9 +115,8 @@ class SandblasterTrainer:
         self.stop_reason = ""
         # Replica restarts and drops. Each run has the policy's full budget per replica (a resumed run starts
         # every replica afresh); the totals reported count on from the run that was resumed.
-        self.supervisor = Supervisor(RestartPolicy(max_restarts=cfg.max_replica_restarts))
-        self._prev_restarts = prev.get("replica_restarts", 0)
-        self._prev_lost = prev.get("replicas_lost", 0)
+        self.supervisor = Supervisor(RestartPolicy(max_restarts=cfg.max_replica_restarts),
+                                     earlier=(prev.get("replica_restarts", 0), prev.get("replicas_lost", 0)))
         self.faults = FaultInjector(job.faults, already_fired=resume)  # once per run, not again after a resume
 
     def _checkpoint_dir(self) -> str:
@@ -176,7 +175,8 @@ class SandblasterTrainer:
             "num_examples": self.num_examples, "seed": cfg.seed, "coordinator": coord_state,
             "trainer": {"wall_s": self.clock.elapsed(), "best_acc": self.best_acc,
                         "time_to_target": self.time_to_target, "target_accuracy": cfg.target_accuracy,
-                        "replica_restarts": self.replica_restarts, "replicas_lost": self.replicas_lost},
+                        "replica_restarts": self.supervisor.replica_restarts,
+                        "replicas_lost": self.supervisor.replicas_lost},
         })
 
     def _shard_replaced(self, k: int, role: Role) -> None:
@@ -199,14 +199,6 @@ class SandblasterTrainer:
         for f in ready.values():
             f.result(max(self.timeout_s, 180.0))
         return roles
-
-    @property
-    def replica_restarts(self) -> int:
-        return self._prev_restarts + self.supervisor.total_restarts
-
-    @property
-    def replicas_lost(self) -> int:
-        return self._prev_lost + len(self.supervisor.lost)
 
     def _restart(self, rid: int, err: Exception) -> DeferredRestart | None:
         """The coordinator lost replica ``rid``: the supervisor restarts it after its backoff (the others go on
@@ -349,7 +341,7 @@ class SandblasterTrainer:
             examples=final["examples"], examples_per_s=rate(final["examples"], wall), updates=final["updates"],
             steps_per_replica=steps, stop_reason=self.stop_reason, wall_s=wall,
             shards=cfg.shards, optimizer="lbfgs", updates_per_shard=final["updates_per_shard"],
-            replica_restarts=self.replica_restarts, replicas_lost=self.replicas_lost,
+            replica_restarts=self.supervisor.replica_restarts, replicas_lost=self.supervisor.replicas_lost,
             replica_recovery_s=list(self.supervisor.recovery_s),  # this run's (not carried over a resume)
             shard_restarts=c["shard_restarts"],
             # A restarted shard and its peers roll back to the last iteration checkpoint and the iteration is

@@ -52,10 +52,11 @@ def test_no_restart_is_scheduled_when_the_run_is_stopping():
 
 def test_restarts_carry_over_from_a_resumed_run_and_replicas_are_independent():
     clock = FakeClock()
-    sup = Supervisor(RestartPolicy(max_restarts=2, backoff_s=1.0), clock, restarts={0: 2})
+    sup = Supervisor(RestartPolicy(max_restarts=2, backoff_s=1.0), clock, restarts={0: 2}, earlier=(5, 1))
     assert sup.failed(0) is Decision.DROP  # used both restarts before the resume
     assert sup.failed(1) is Decision.RESTART
     clock.t += 1.0
     assert sup.due() == [1]
     sup.cancel(1)
     assert sup.due() == [] and sup.total_restarts == 2
+    assert (sup.replica_restarts, sup.replicas_lost) == (7, 2)  # the resumed run's totals count on
