@@ -57,7 +57,7 @@ def _resolve_threads(cfg: RunConfig) -> int:
     cores = os.cpu_count() or 1
     if cfg.strategy == "sgd":
         return cores
-    return max(1, cores // cfg.replicas)
+    return max(1, cores // cfg.replicas_started)
 
 
 def check_model_and_data(model_fn, train_ds, loss_fn, metric_fn=None) -> None:
@@ -179,7 +179,7 @@ def train(
     cfg = config_from(settings, config).validate()
     from distbelief.testing.faults import Faults
 
-    faults = (faults or Faults()).validate(cfg.replicas, cfg.shards, cfg.partitions)
+    faults = (faults or Faults()).validate(cfg.replicas_started, cfg.shards, cfg.partitions)
     if not isinstance(loader_workers, int) or isinstance(loader_workers, bool) or loader_workers < 0:
         raise ConfigError("loader_workers", f"must be an integer >= 0, got {loader_workers!r}")
     if collate_fn is not None or loader_workers:
@@ -279,7 +279,7 @@ def _run_strategy(job, recorder, runtime, resume: bool) -> tuple[dict, "torch.Te
             runtime = make_runtime(cfg)
         try:
             # a cluster joined with --address refuses a job too big for it; the local Ray runs it oversubscribed
-            runtime.check_capacity(cfg.replicas, partitions=cfg.partitions, log=recorder.log)
+            runtime.check_capacity(cfg.replicas_started, partitions=cfg.partitions, log=recorder.log)
             torch.set_num_threads(1)  # the driver only evaluates; leave the cores to the workers
             if cfg.strategy == "sandblaster":
                 from distbelief.sandblaster.trainer import SandblasterTrainer

@@ -161,6 +161,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
                                                                                           "sandblaster") else ""
             print(f"distbelief: warning: --{name.replace('_', '-')} has no effect with --strategy {cfg.strategy} "
                   f"(it is read by: {', '.join(APPLIES_TO[name])}){instead}", file=sys.stderr)
+        if "staleness_bound" in values and cfg.strategy == "downpour" and cfg.consistency != "ssp":
+            print("distbelief: warning: --staleness-bound has no effect without --consistency ssp", file=sys.stderr)
     if not cfg.out:
         from distbelief.metrics import default_run_dir
 

@@ -26,13 +26,14 @@ from distbelief.config_files import (
 from distbelief.exceptions import ConfigError
 
 __all__ = [
-    "APPLIES_TO", "DURABILITY_MODES", "EVALUATION_MODES", "FIELD_HELP", "LOCAL_STRATEGIES", "RUNTIMES", "RunConfig",
+    "APPLIES_TO", "CONSISTENCY_MODES", "DURABILITY_MODES", "EVALUATION_MODES", "FIELD_HELP", "LOCAL_STRATEGIES", "RUNTIMES", "RunConfig",
     "OPTIMIZERS", "SECTIONS", "STRATEGIES", "config_from", "ignored_by_strategy", "load_toml",
     "saved_run_values", "section_of",
 ]
 
 STRATEGIES = ("sgd", "sync", "downpour", "sandblaster", "hogwild", "ddp")
 LOCAL_STRATEGIES = ("hogwild", "ddp")  # torch.multiprocessing baselines: this machine, no parameter server
+CONSISTENCY_MODES = ("async", "ssp", "sync")  # Downpour's consistency knob (docs/consistency.md)
 OPTIMIZERS = ("auto", "sgd", "adagrad")  # auto: adagrad on a parameter server (downpour, sync), sgd otherwise
 DURABILITY_MODES = ("off", "snapshot", "log")
 EVALUATION_MODES = ("auto", "paused", "concurrent")
@@ -70,6 +71,9 @@ class RunConfig:
     init_params: str = ""
     overlap: bool = False
     staleness_aware: bool = False
+    consistency: str = "async"
+    staleness_bound: int = 3
+    backup_replicas: int = 0
     # when to stop
     max_steps: int = 0
     max_seconds: float = 60.0
@@ -101,6 +105,11 @@ class RunConfig:
     push_every_portions: int = 4
     backup_tasks: bool = True
 
+    @property
+    def replicas_started(self) -> int:
+        """Replica processes the run starts: ``replicas`` plus sync's ``backup_replicas``."""
+        return self.replicas + (self.backup_replicas if self.consistency == "sync" else 0)
+
     # ---------------------------------------------------------------- normalisation
     def normalized(self) -> RunConfig:
         """A copy of this config with its derived settings filled in (this config is not changed):
@@ -110,14 +119,23 @@ class RunConfig:
           run really used); a value the user set is kept;
         - ``optimizer = "auto"`` becomes Adagrad on a parameter server (downpour, sync: the paper's choice) and
           plain SGD otherwise (sgd, hogwild, ddp; sandblaster does not read it);
-        - ``strategy = "sgd"`` is one process by definition: its ``replicas`` becomes 1 (the count is not used).
+        - ``strategy = "sgd"`` is one process by definition: its ``replicas`` becomes 1 (the count is not used);
+        - ``consistency = "sync"`` is the ``sync`` strategy: Downpour with it becomes ``strategy = "sync"``, and the
+          sync strategy records ``consistency = "sync"``.
 
         Raises ConfigError for a setting these depend on that is not valid: an unknown choice (task, model,
         strategy, ...), an "auto" setting that is negative or not an integer, ``replicas`` < 1. Normalising a
         normalised config changes nothing.
         """
         self._check_choices()
-        changes = self._resolved_defaults()
+        cfg, changes = self, {}
+        if self.consistency == "sync" and self.strategy == "downpour":
+            changes["strategy"] = "sync"
+        if self.strategy == "sync" and self.consistency == "async":
+            changes["consistency"] = "sync"
+        if changes:
+            cfg = dataclasses.replace(self, **changes)
+        changes.update(cfg._resolved_defaults())
         _at_least(self, "replicas")
         if self.strategy == "sgd" and self.replicas != 1:
             changes["replicas"] = 1
@@ -135,6 +153,7 @@ class RunConfig:
         choose("model", self.model, MODELS)
         choose("strategy", self.strategy, STRATEGIES)
         choose("optimizer", self.optimizer, OPTIMIZERS)
+        choose("consistency", self.consistency, CONSISTENCY_MODES)
         choose("runtime", self.runtime, RUNTIMES)
         choose("durability", self.durability, DURABILITY_MODES)
         choose("evaluation", self.evaluation, EVALUATION_MODES)
@@ -227,6 +246,7 @@ class RunConfig:
         if self.task == "speech" and not 0 <= self.num_classes <= 8192:
             raise ConfigError("num_classes", f"speech supports up to 8192 classes, got {self.num_classes}")
         self._check_sandblaster()
+        self._check_consistency()
         if self.address and self.strategy in LOCAL_STRATEGIES:
             raise ConfigError("address", f"the {self.strategy} baseline runs its workers on this machine; drop "
                                          f"--address")
@@ -239,6 +259,21 @@ class RunConfig:
                                                  "repeat its rate); use durability snapshot or off")
         if self.address and self.runtime != "ray":
             raise ConfigError("address", "--address needs the ray runtime (runtime = \"ray\")")
+
+    def _check_consistency(self) -> None:
+        for name in ("staleness_bound", "backup_replicas"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ConfigError(name, f"must be an integer >= 0, got {v!r}")
+        if self.consistency == "ssp" and self.strategy != "downpour":
+            raise ConfigError("consistency", f"ssp bounds the staleness of Downpour's replicas; the {self.strategy} "
+                                             f"strategy has none to bound (use strategy = \"downpour\")")
+        if self.consistency == "sync" and self.strategy != "sync":
+            raise ConfigError("consistency", f"sync is Downpour's replicas in lockstep (strategy downpour or sync); "
+                                             f"the {self.strategy} strategy cannot run it")
+        if self.backup_replicas and self.consistency != "sync":
+            raise ConfigError("backup_replicas", "backup replicas serve synchronous steps; add consistency = "
+                                                 "\"sync\"")
 
     def _check_sandblaster(self) -> None:
         for name in ("portion_size", "history", "push_every_portions"):
@@ -298,6 +333,13 @@ FIELD_HELP: dict[str, str] = {
                    "holding one (e.g. a short single-process run: the paper's shared warmstart for Fig. 4)",
     "staleness_aware": "scale each push's step by 1/staleness (the updates the shard applied since the replica "
                        "fetched; Zhang et al., IJCAI 2016), so stale gradients move the parameters less",
+    "consistency": "downpour: async (the paper's: no replica waits for another), ssp (stale-synchronous: no "
+                   "replica runs more than staleness_bound steps ahead of the slowest live one) or sync (lockstep: "
+                   "each step applies the mean of the replicas' gradients; the same as strategy sync)",
+    "staleness_bound": "consistency ssp: how many steps a replica may run ahead of the slowest live replica "
+                       "(0 = lockstep without a barrier)",
+    "backup_replicas": "consistency sync: start this many replicas beyond --replicas; each step applies the mean "
+                       "of the first --replicas gradients and drops the rest (stragglers do not hold a step up)",
     "overlap": "prefetch the next parameters while computing (one step staler; measured slower than the default "
                "fused push-fetch loop on one machine, see benchmarks/RESULTS.md)",
     "max_steps": "stop after this many steps per replica (sandblaster: L-BFGS iterations) (0 = no limit)",
@@ -365,11 +407,14 @@ def config_from(values: dict[str, Any], base: RunConfig | None = None) -> RunCon
 
 # ---------------------------------------------------------------- which strategies read which settings
 # Settings that only some strategies read (the others would silently ignore them).
-_DOWNPOUR_ONLY = ("fetch_every", "push_every", "local_lr", "overlap", "warmstart_steps", "staleness_aware")
+_DOWNPOUR_ONLY = ("fetch_every", "push_every", "local_lr", "overlap", "warmstart_steps", "staleness_aware",
+                  "staleness_bound")
 _WITH_SERVER = ("downpour", "sync", "sandblaster")  # strategies with parameter shards
 APPLIES_TO: dict[str, tuple[str, ...]] = {
     **{name: ("downpour",) for name in _DOWNPOUR_ONLY},
     **{name: ("sandblaster",) for name in SECTIONS["sandblaster"]},
+    "consistency": ("downpour", "sync"),
+    "backup_replicas": ("sync",),
     **{name: _WITH_SERVER for name in SECTIONS["durability"]},
     **{name: ("sgd", "sync", "downpour", "hogwild", "ddp")
        for name in ("optimizer", "lr", "adagrad_eps", "adagrad_initial_accumulator", "batch_size")},

@@ -23,7 +23,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
             "adagrad_initial_accumulator", "seed", "out", "tensorboard", "runtime", "threads", "init_params"),
     "stop": ("max_steps", "max_seconds", "target_accuracy"),
     "downpour": ("fetch_every", "push_every", "local_lr", "overlap", "staleness_aware", "warmstart_steps",
-                 "max_replica_restarts"),
+                 "max_replica_restarts", "consistency", "staleness_bound", "backup_replicas"),
     "sandblaster": ("lbfgs_batch", "portion_size", "history", "push_every_portions", "backup_tasks"),
     "eval": ("eval_every_seconds", "evaluation", "eval_samples", "train_eval_samples", "metrics_port"),
     "durability": ("durability", "checkpoint_every_seconds", "checkpoint_every_updates", "log_max_mb",

@@ -51,6 +51,15 @@ class RunSummary:
     staleness_max: int | None = None
     rejected_pushes: int | None = None  # non-finite gradients the shards refused
 
+    # -- Downpour's consistency knob (docs/consistency.md) --
+    consistency: str | None = None  # async, ssp or sync
+    staleness_bound: int | None = None  # ssp: the bound s
+    clock_gap_max: int | None = None  # ssp: the most steps any replica ran ahead of the slowest live one
+    clock_waits: int | None = None  # ssp: steps a replica had to wait for before starting
+    clock_wait_s: float | None = None  # ssp: replica-seconds spent waiting on the bound (latest incarnations)
+    backup_replicas: int | None = None  # sync: replicas beyond ``replicas`` whose gradients may be dropped
+    dropped_gradients: int | None = None  # sync: gradients that came after a step had its ``replicas``
+
     # -- Downpour's data plane (the replicas' latest incarnations) --
     push_fetch_calls: int | None = None
     replicas_zero_copy: int | None = None

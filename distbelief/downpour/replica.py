@@ -48,6 +48,8 @@ class ReplicaSettings:
     local_lr: float = 0.0
     overlap: bool = True
     remote_timeout_s: float = 120.0
+    # Fault injection (testing.Faults.straggler_*): each step takes this many times its compute time.
+    slowdown: float = 1.0
 
 
 class GradientSource(Protocol):
@@ -150,8 +152,10 @@ class ModelReplica:
     """
 
     def __init__(self, replica_id: int, source: GradientSource, batches: BatchSource, client,
-                 settings: ReplicaSettings):
+                 settings: ReplicaSettings, clocks=None):
         self.replica_id = replica_id
+        # Stale-synchronous runs: the run's clock table (runtime/clocks.py); None when fully asynchronous.
+        self.clocks = clocks
         self.source = source
         self.batches = batches
         self.client = client
@@ -174,6 +178,8 @@ class ModelReplica:
         self.loss_ema = math.nan
         self.compute_s = 0.0
         self.wait_s = 0.0
+        self.clock_wait_s = 0.0  # of wait_s: held back by the staleness bound
+        self.paused_s = 0.0  # held by pause() (evaluations)
 
     # -- control (callable from another thread) --
     def stop(self) -> None:
@@ -198,6 +204,7 @@ class ModelReplica:
     def _hold_if_paused(self, pending_push):
         """The loop's side of pause() (called once it saw the request): settle the push in flight, then wait for
         resume() (or stop)."""
+        paused_at = time.monotonic()
         if pending_push is not None:
             pending_push.result(self.settings.remote_timeout_s)
             pending_push = None
@@ -206,6 +213,7 @@ class ModelReplica:
             if self._stop.is_set() or self._killed:
                 break
         self._paused.clear()
+        self.paused_s += time.monotonic() - paused_at  # a pause is not training time (max_seconds)
         return pending_push
 
     def kill(self) -> None:
@@ -237,6 +245,7 @@ class ModelReplica:
             "loss_ema": self.loss_ema,
             "compute_s": self.compute_s,
             "wait_s": self.wait_s,
+            "clock_wait_s": self.clock_wait_s,
             **self.source.stats(),
         }
 
@@ -262,11 +271,42 @@ class ModelReplica:
         deadline = math.inf if max_seconds is None else time.monotonic() + max_seconds
         limit = math.inf if max_steps is None else max_steps
         self._stop.clear()
+        self.paused_s = 0.0
         self._running = True
         try:
             return self._loop(limit, deadline)
         finally:
             self._running = False
+            if self.clocks is not None:
+                self.clocks.retire(self.replica_id)  # finished or failed: it holds no one back
+
+    def _slow_down(self, t0: float) -> None:
+        """A straggler (fault injection): stretch this step to ``slowdown`` times its compute time."""
+        if self.settings.slowdown > 1:
+            time.sleep((self.settings.slowdown - 1) * (time.perf_counter() - t0))
+
+    def _clock_open(self, clock: int, ticket, pending_push):
+        """The staleness bound (``consistency = "ssp"``): wait until this replica, having completed ``clock``
+        steps, is at most the bound ahead of the slowest live replica. ``ticket`` is the request sent at the
+        end of the previous step. While waiting it honours pause (holding like at a step boundary) and stop.
+        Returns ``(go, pending_push)``; ``go`` is False when asked to stop."""
+        t0 = time.perf_counter()
+        try:
+            ok = ticket.result(self.settings.remote_timeout_s) if ticket is not None else \
+                self.clocks.request(self.replica_id, clock).result(self.settings.remote_timeout_s)
+            while not ok:
+                if self._killed:
+                    raise ReplicaKilled(f"{self.source.name} was killed (fault injection)")
+                if self._stop.is_set():
+                    return False, pending_push
+                if not self._go.is_set():
+                    pending_push = self._hold_if_paused(pending_push)
+                ok = self.clocks.wait(self.replica_id, clock, 0.05)
+            return True, pending_push
+        finally:
+            waited = time.perf_counter() - t0
+            self.wait_s += waited
+            self.clock_wait_s += waited
 
     def _loop(self, limit: float, deadline: float) -> dict:
         s, src = self.settings, self.source
@@ -276,8 +316,15 @@ class ModelReplica:
         acc_versions = None
         acc_count = acc_examples = 0
         local_step = 0
-        while self._agree(local_step, local_step < limit and not self._stop.is_set()
-                          and time.monotonic() < deadline):
+        clocks, ticket = self.clocks, None
+        base = clocks.join(self.replica_id) if clocks is not None else 0
+        while True:
+            go = local_step < limit and not self._stop.is_set() and time.monotonic() < deadline + self.paused_s
+            if go and clocks is not None:  # decided before agree(): a lockstep group's head decides for all
+                go, pending_push = self._clock_open(base + local_step, ticket, pending_push)
+                ticket = None
+            if not self._agree(local_step, go):
+                break
             if self._killed:
                 raise ReplicaKilled(f"{src.name} was killed (fault injection)")
             if local_step % s.fetch_every == 0:
@@ -286,9 +333,7 @@ class ModelReplica:
                 versions = self._load(pending_fetch)
                 pending_fetch = None
             if not self._go.is_set():  # a pause: hold here, with our pushes applied and parameters loaded
-                paused_at = time.monotonic()
                 pending_push = self._hold_if_paused(pending_push)
-                deadline += time.monotonic() - paused_at  # a pause is not training time
             if s.overlap and (local_step + 1) % s.fetch_every == 0 and local_step + 1 < limit:
                 pending_fetch = self.client.fetch_async()  # the next parameters travel while we compute
 
@@ -306,6 +351,7 @@ class ModelReplica:
             acc_examples += len(y)
             if s.local_lr:
                 src.params.add_(src.grads, alpha=-s.local_lr)
+            self._slow_down(t0)
             self.compute_s += time.perf_counter() - t0
 
             if acc_count == s.push_every:
@@ -319,6 +365,8 @@ class ModelReplica:
             local_step += 1
             self.steps += 1
             self.examples += len(y)
+            if clocks is not None and local_step < limit:  # ask for the next step now: the answer travels with
+                ticket = clocks.request(self.replica_id, base + local_step)  # the fetch
             if loss is not None:
                 self.loss_ema = loss if math.isnan(self.loss_ema) else 0.9 * self.loss_ema + 0.1 * loss
         if acc_count:
@@ -347,10 +395,13 @@ class ModelReplica:
 
         Why split: the trainer calls this with ``Runtime.call_split``, so each part goes from this replica
         straight to its shard and the driver waits on the summary alone, never holding a gradient."""
+        if self._killed:
+            raise ReplicaKilled(f"{self.source.name} was killed (fault injection)")
         self._load(self.client.fetch_async())
         x, y = self.batches.next_batch()
         t0 = time.perf_counter()
         loss = self.source.gradient(x, y)
+        self._slow_down(t0)
         self.compute_s += time.perf_counter() - t0
         self.steps += 1
         self.examples += len(y)
@@ -374,6 +425,7 @@ class ReplicaRecipe:
     seed: int
     settings: ReplicaSettings
     loss_fn: Callable
+    clocks: Any = None  # the run's clock table (runtime/clocks.py) under consistency = "ssp"
 
     def model_and_batches(self, model_seed: int | None = None) -> tuple[torch.nn.Module, BatchSource]:
         """The replica's model (initialised from ``model_seed``; by default one seed per replica — the first
@@ -388,4 +440,4 @@ class ReplicaRecipe:
     def __call__(self, client) -> ModelReplica:
         model, batches = self.model_and_batches()
         return ModelReplica(self.replica_id, WholeModel(self.replica_id, model, self.loss_fn), batches, client,
-                            self.settings)
+                            self.settings, clocks=self.clocks)

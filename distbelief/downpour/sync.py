@@ -18,18 +18,27 @@ from distbelief.runtime.base import Future
 
 
 class SyncTrainer(ParameterServerTrainer):
-    """Runs ``sync`` over a Runtime. One instance per run."""
+    """Runs ``sync`` over a Runtime. One instance per run.
+
+    With ``backup_replicas = b`` it starts ``replicas + b`` replicas (TF1's backup workers): each step applies the
+    mean of the first ``replicas`` gradients computed from that step's parameters; the rest are dropped
+    (``dropped_gradients``). A replica still computing when its step is applied is not called again until it
+    answers, so a straggler never holds a step up while enough others are live."""
 
     def train(self) -> None:
         cfg = self.cfg
         self._wait_shards_ready()
-        self.rec.log(f"starting {cfg.replicas} synchronous replicas x {cfg.shards} shards on the "
+        started = cfg.replicas_started
+        backups = f" (+{cfg.backup_replicas} backup)" if cfg.backup_replicas else ""
+        self.rec.log(f"starting {cfg.replicas}{backups} synchronous replicas x {cfg.shards} shards on the "
                      f"{self.runtime.name} runtime ({self.total:,} parameters)")
-        for rid in range(cfg.replicas):
+        for rid in range(started):
             self.replicas[rid] = self._new_replica_state(rid)
         self.clock = Clock(offset_s=self.prev.get("wall_s", 0.0))
         next_eval = self.clock.elapsed() + cfg.eval_every_seconds
         step = max([st.steps for st in self.replicas.values()] + [0])
+        # replica -> (its sync_step call, the step it is for, when it was made)
+        self._calls: dict[int, tuple[Future, int, float]] = {}
         while not (cfg.max_steps and step >= cfg.max_steps):
             self._restart_due()
             live = [rid for rid, st in self.replicas.items() if st.running]
@@ -38,31 +47,11 @@ class SyncTrainer(ParameterServerTrainer):
                     time.sleep(min(0.5, self.supervisor.until_next()))
                     continue
                 raise DistBeliefError("every replica failed and none could be restarted")
-            # Each replica returns its gradient split by shard; the driver waits for the small summaries only,
-            # and shard k receives part k of every gradient straight from the replicas (Runtime.call_split).
-            futs = {rid: self.runtime.call_split(self.replicas[rid].role, "sync_step", cfg.shards) for rid in live}
-            grads = []
-            for rid, f in futs.items():
-                try:
-                    f.result(self.timeout_s)  # raises here if the replica died or failed: its parts are unusable
-                    grads.append(f)
-                except (RoleFailedError, RemoteTimeoutError) as e:
-                    self._handle_failure(rid, e)
+            grads = self._gather(step, live)
             self._maybe_inject_fault()
             self._check_shards()
             if grads:
-                def apply_on(k: int) -> Future:
-                    parts = [g.part(k) for g in grads]
-                    return self.runtime.call_with_parts(self.shards[k], "apply_mean", parts, self.layout.range(k)[0],
-                                                        self.total)
-
-                applying = [apply_on(k) for k in range(cfg.shards)]  # every shard at once, not one after another
-                for k, f in enumerate(applying):
-                    try:
-                        f.result(self.timeout_s)
-                    except RoleFailedError as e:  # died mid-step: restore it, then apply this step there
-                        self.server.restart(k, e)
-                        apply_on(k).result(self.timeout_s)
+                self._apply(grads)
                 self.examples_sync += cfg.batch_size * len(grads)
                 step += 1
                 for st in self.replicas.values():
@@ -78,6 +67,71 @@ class SyncTrainer(ParameterServerTrainer):
                 break
         for st in self.replicas.values():
             st.steps = step
+
+    def _gather(self, step: int, live: list[int]) -> list:
+        """The first ``replicas`` gradients of step ``step`` (fewer when fewer replicas are live).
+
+        Each replica returns its gradient split by shard; the driver waits for the small summaries only, and shard
+        k receives part k of every gradient straight from the replicas (Runtime.call_split). A replica that
+        answers with a gradient of an earlier step is counted in ``dropped_gradients`` and called again at once."""
+        calls = self._calls
+
+        def call(rid: int) -> None:
+            calls[rid] = (self.runtime.call_split(self.replicas[rid].role, "sync_step", self.cfg.shards), step,
+                          time.monotonic())
+
+        for rid in live:
+            if rid not in calls:
+                call(rid)
+        grads: list = []
+        while True:
+            mine = [rid for rid, (_, s, _) in calls.items() if s == step]
+            if len(grads) >= self.cfg.replicas or not mine:
+                return grads
+            now = time.monotonic()
+            for rid, (_, _, t) in list(calls.items()):  # no answer within remote_timeout_s: failed
+                if now - t > self.timeout_s:
+                    self._handle_failure(rid, RemoteTimeoutError(
+                        f"replica {rid} did not answer within {self.timeout_s:.0f}s (remote_timeout_s)"))
+            if not calls:
+                continue
+            oldest = min(t for _, _, t in calls.values())
+            wait = max(0.01, min(0.5, oldest + self.timeout_s - now))
+            done = set(self.runtime.wait_any([f for f, _, _ in calls.values()], wait))
+            for rid, (f, s, _) in list(calls.items()):
+                if f not in done:
+                    continue
+                del calls[rid]
+                try:
+                    f.result(self.timeout_s)  # raises here if the replica died or failed: its parts are unusable
+                except (RoleFailedError, RemoteTimeoutError) as e:
+                    self._handle_failure(rid, e)
+                    continue
+                if s == step and len(grads) < self.cfg.replicas:
+                    grads.append(f)
+                else:  # computed from older parameters, or one more than the step needs
+                    self.dropped_gradients += 1
+                    if s != step and self.replicas[rid].running:  # called again for this step
+                        call(rid)
+
+    def _apply(self, grads: list) -> None:
+        """Every shard applies the mean of ``grads`` for its range, all shards at once."""
+        def apply_on(k: int) -> Future:
+            parts = [g.part(k) for g in grads]
+            return self.runtime.call_with_parts(self.shards[k], "apply_mean", parts, self.layout.range(k)[0],
+                                                self.total)
+
+        applying = [apply_on(k) for k in range(self.cfg.shards)]
+        for k, f in enumerate(applying):
+            try:
+                f.result(self.timeout_s)
+            except RoleFailedError as e:  # died mid-step: restore it, then apply this step there
+                self.server.restart(k, e)
+                apply_on(k).result(self.timeout_s)
+
+    def _handle_failure(self, rid: int, err: Exception) -> None:
+        getattr(self, "_calls", {}).pop(rid, None)
+        super()._handle_failure(rid, err)
 
     def _rejoin(self, rid: int) -> None:
         """A restarted replica is called at the lockstep's next step."""

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -95,6 +96,9 @@ class ParameterServerTrainer:
             fetch_every=cfg.fetch_every, push_every=cfg.push_every, local_lr=cfg.local_lr,
             overlap=cfg.overlap, remote_timeout_s=cfg.remote_timeout_s,
         )
+        # consistency = "ssp": the clock table that bounds how far a replica runs ahead (runtime/clocks.py)
+        self.clocks = runtime.create_clocks(cfg.staleness_bound) if cfg.consistency == "ssp" else None
+        self.dropped_gradients = p.get("dropped_gradients", 0)  # sync with backup replicas: stragglers' gradients
         self.replicas: dict[int, _ReplicaState] = {}
         self.eval_mode = "paused"  # set once the replicas are placed (_choose_evaluation)
         self._last_eval_s = 0.0
@@ -137,15 +141,21 @@ class ParameterServerTrainer:
     # ---------------------------------------------------------------- roles
     def _recipe(self, rid: int) -> ReplicaRecipe:
         j = self.job
-        return ReplicaRecipe(rid, self.cfg.replicas, j.model_fn, j.train_data, self.cfg.batch_size, self.cfg.seed,
-                             self.settings, j.loss_fn)
+        return ReplicaRecipe(rid, self.cfg.replicas_started, j.model_fn, j.train_data, self.cfg.batch_size,
+                             self.cfg.seed, self._settings_for(rid), j.loss_fn, clocks=self.clocks)
+
+    def _settings_for(self, rid: int) -> ReplicaSettings:
+        f = self.job.faults
+        if rid == f.straggler_id and f.straggler_slowdown > 1:  # fault injection: a slow machine
+            return dataclasses.replace(self.settings, slowdown=f.straggler_slowdown)
+        return self.settings
 
     def _start_replica(self, rid: int) -> Role:
         if self.cfg.partitions > 1:  # model parallelism: the replica is a group of partitions (distbelief.partition)
             from distbelief.partition.replica import PartitionRecipe
             j = self.job
             recipe = PartitionRecipe(rid, self.cfg.replicas, j.model_fn, j.train_data, self.cfg.batch_size,
-                                     self.cfg.seed, self.settings, j.loss_fn)
+                                     self.cfg.seed, self._settings_for(rid), j.loss_fn, clocks=self.clocks)
             role = self.runtime.create_partition_group(rid, recipe, self.shards, self.layout, self.job.threads,
                                           self.cfg.partitions)
         else:
@@ -168,7 +178,8 @@ class ParameterServerTrainer:
             return
         write_trainer_state(self.cfg.out, {
             "wall_s": self.clock.elapsed(), "best_acc": self.best_acc, "time_to_target": self.time_to_target,
-            "examples_sync": self.examples_sync, "replica_restarts": self.supervisor.replica_restarts,
+            "examples_sync": self.examples_sync, "dropped_gradients": self.dropped_gradients,
+            "replica_restarts": self.supervisor.replica_restarts,
             "replicas_lost": self.supervisor.replicas_lost, "shard_restarts": self.server.restarts,
             "updates_lost": self.server.updates_lost, "steps_per_replica": [st.steps for st in self.replicas.values()],
             "warmstart_done": True if self.prev.get("warmstart_done") else self._warmstart_done,
@@ -338,6 +349,8 @@ class ParameterServerTrainer:
         except Exception:  # noqa: BLE001 - it is already dead
             pass
         st.future = None
+        if self.clocks is not None:
+            self.clocks.retire(rid)  # a dead replica holds no one back (its successor joins when it runs)
         if decision is Decision.DROP:
             st.alive = False
             alive = sum(s.alive for s in self.replicas.values())
@@ -522,6 +535,8 @@ class ParameterServerTrainer:
         stale_mean, stale_max = staleness(stats)
         latest = [st.last_stats for st in self.replicas.values()]  # the replicas' latest incarnations
         asynchronous = cfg.strategy == "downpour"
+        ssp = self.clocks is not None
+        clock_stats = self.clocks.stats(self.timeout_s) if ssp else {}
         return RunSummary(
             strategy=cfg.strategy, runtime=self.runtime.name, replicas=cfg.replicas, num_parameters=self.total,
             final_test_accuracy=final["test_accuracy"],
@@ -536,6 +551,11 @@ class ParameterServerTrainer:
             updates_per_shard=[s["updates"] for s in stats],
             staleness_mean=stale_mean, staleness_max=stale_max,
             rejected_pushes=sum(s["rejected_pushes"] for s in stats),
+            consistency=cfg.consistency, staleness_bound=cfg.staleness_bound if ssp else None,
+            clock_gap_max=clock_stats.get("clock_gap_max"), clock_waits=clock_stats.get("clock_waits"),
+            clock_wait_s=round(sum(s.get("clock_wait_s", 0.0) for s in latest), 3) if ssp else None,
+            backup_replicas=cfg.backup_replicas if cfg.strategy == "sync" else None,
+            dropped_gradients=self.dropped_gradients if cfg.strategy == "sync" else None,
             # the data plane (Downpour's client loop; sync replicas answer one call per step)
             push_fetch_calls=sum(s.get("push_fetches", 0) for s in latest) if asynchronous else None,
             replicas_zero_copy=sum(bool(s.get("zero_copy")) for s in latest) if asynchronous else None,

@@ -97,4 +97,6 @@ class PartitionRecipe(ReplicaRecipe):
             client = client_for(source.lo, source.hi)
         else:  # the single-replica baseline: no parameter server, our range updated in place
             client = LocalUpdates(source.params, self.local_optimizer)
-        return ModelReplica(self.replica_id, batches=batches, source=source, client=client, settings=self.settings)
+        # Under the staleness bound only the head asks the clock table; the others follow its go/stop decision.
+        return ModelReplica(self.replica_id, batches=batches, source=source, client=client, settings=self.settings,
+                            clocks=self.clocks if source.is_head else None)

@@ -260,6 +260,11 @@ class Runtime(ABC):
         then fails as for any replica failure."""
         raise ConfigError("kill_partition_id", f"the {self.name} runtime cannot kill a single partition")
 
+    def create_clocks(self, bound: int):
+        """The clock table of a stale-synchronous run (``runtime/clocks.py``): a ClockGate that replicas built
+        by this runtime can use wherever they live."""
+        raise ConfigError("consistency", f"the {self.name} runtime cannot run stale-synchronous replicas")
+
     def driver_spare_cpus(self, replicas: list[Role], threads_per_replica: int) -> float:
         """Cores on the driver's machine left free by the replicas placed there; the driver evaluates on them
         while training goes on when at least one is free. None by default: roles share the driver's cores."""

@@ -17,6 +17,7 @@ from typing import Any, Callable
 from distbelief.exceptions import RemoteTimeoutError, ReplicaKilled, RoleFailedError
 from distbelief.runtime.group_stats import merge_partition_stats
 from distbelief.runtime.base import Done, Future, Role, Runtime, ShardClient
+from distbelief.runtime.clocks import LocalClocks
 from distbelief.runtime.transport import InProcessTransport
 
 
@@ -212,6 +213,9 @@ class InProcessRuntime(Runtime):
             return _ThreadFuture(self._pool.submit(locked), role.name)
         # Replicas are thread-safe by design: run() in one thread, stop()/stats() from others.
         return _ThreadFuture(self._pool.submit(getattr(box.obj, method), *args, **kwargs), role.name)
+
+    def create_clocks(self, bound: int) -> LocalClocks:
+        return LocalClocks(bound)
 
     def create_partition_group(self, replica_id, factory, shards, layout, threads, num_partitions) -> Role:
         group = InProcessPartitionGroup(replica_id, factory, shards, layout, num_partitions, self.remote_timeout_s)

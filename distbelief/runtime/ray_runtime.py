@@ -25,6 +25,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from distbelief.exceptions import ClusterUnreachableError, ConfigError, RemoteTimeoutError, RoleFailedError
 from distbelief.runtime import shm
 from distbelief.ps.colocated import ColocatedShard
+from distbelief.runtime.clocks import ClockGate
 from distbelief.runtime.base import Done, Future, Role, Runtime, ShardClient, SplitFuture, at_offset
 from distbelief.runtime.partition_ray import create_ray_partition_group, kill_ray_partition
 
@@ -200,6 +201,74 @@ class RoleActor:
 
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()
+
+
+@ray.remote(num_cpus=0)
+class ClockActor:
+    """The clock table of a stale-synchronous run (runtime/clocks.py) as an asyncio actor: a replica that must
+    wait holds no thread, and every clock change wakes the waiters."""
+
+    def __init__(self, bound: int):
+        import asyncio
+
+        from distbelief.runtime.clocks import ClockTable
+
+        self.table = ClockTable(bound)
+        self.changed = asyncio.Condition()
+
+    async def join(self, rid: int) -> int:
+        async with self.changed:
+            start = self.table.join(rid)
+            self.changed.notify_all()
+            return start
+
+    async def enter(self, rid: int, clock: int, timeout_s: float, first_try: bool) -> bool:
+        import asyncio
+
+        async with self.changed:
+            if self.table.enter(rid, clock, first_try):
+                self.changed.notify_all()
+                return True
+            self.changed.notify_all()  # our progress may let others go
+            if timeout_s <= 0:
+                return False
+            try:
+                await asyncio.wait_for(self.changed.wait_for(lambda: self.table.enter(rid, clock, False)),
+                                       timeout_s)
+            except asyncio.TimeoutError:
+                return False
+            return True
+
+    async def retire(self, rid: int) -> None:
+        async with self.changed:
+            self.table.retire(rid)
+            self.changed.notify_all()
+
+    async def stats(self) -> dict:
+        return self.table.stats()
+
+
+class RayClocks(ClockGate):
+    """A handle on a ClockActor (picklable: it travels to the replicas with their recipe)."""
+
+    def __init__(self, actor, timeout_s: float):
+        self.actor, self.timeout_s = actor, timeout_s
+
+    def join(self, rid: int) -> int:
+        return _RayFuture(self.actor.join.remote(rid), "the clock table").result(self.timeout_s)
+
+    def request(self, rid: int, clock: int) -> Future:
+        return _RayFuture(self.actor.enter.remote(rid, clock, 0.0, True), "the clock table")
+
+    def wait(self, rid: int, clock: int, timeout_s: float) -> bool:
+        return _RayFuture(self.actor.enter.remote(rid, clock, timeout_s, False), "the clock table").result(
+            timeout_s + self.timeout_s)
+
+    def retire(self, rid: int) -> None:
+        self.actor.retire.remote(rid)
+
+    def stats(self, timeout_s: float) -> dict:
+        return _RayFuture(self.actor.stats.remote(), "the clock table").result(timeout_s)
 
 
 def _build_replica(shard_handles, layout, replica_id, timeout_s, factory, shm_prefix=None, colocate=True):
@@ -571,6 +640,11 @@ class RayRuntime(Runtime):
         self._actors.append(actor)
         return Role("replica", replica_id, actor)
 
+    def create_clocks(self, bound: int) -> RayClocks:
+        actor = ClockActor.options(max_restarts=0).remote(bound)
+        self._actors.append(actor)
+        return RayClocks(actor, self.remote_timeout_s)
+
     def wait_ready(self, roles: list[Role]) -> None:
         for r in roles:
             self._ready(r.handle, r.name)
@@ -636,7 +710,10 @@ class RayRuntime(Runtime):
             return []
         by_ref = {}
         for f in futures:
-            by_ref[f.refs if not f.many else f.refs[0]] = f
+            if isinstance(f, _RaySplit):  # done when its summary is (the parts are returned with it)
+                by_ref[f.summary.refs] = f
+            else:
+                by_ref[f.refs if not f.many else f.refs[0]] = f
         ready, _ = ray.wait(list(by_ref), num_returns=1, timeout=timeout_s)
         done = [by_ref[r] for r in ready]
         done += [f for f in futures if f not in done and f.done()]

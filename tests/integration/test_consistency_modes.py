@@ -1,0 +1,82 @@
+"""Downpour's consistency knob end to end: stale-synchronous replicas (ssp) and synchronous steps with backup
+replicas (sync), with stragglers, failures, warmstart and partitions. In-process runs (threads) check the rules;
+one Ray run checks them across processes."""
+
+import pytest
+
+from distbelief import RunConfig
+from distbelief.api import train_task
+from distbelief.testing import Faults
+
+SMALL = dict(runtime="inprocess", replicas=3, shards=2, max_steps=40, max_seconds=0, batch_size=16,
+             eval_every_seconds=3600, num_samples=2000, durability="off")
+STRAGGLER = Faults(straggler_id=1, straggler_slowdown=4)
+
+
+def run(faults=STRAGGLER, **kw):
+    return train_task(RunConfig(**{**SMALL, **kw}), quiet=True, faults=faults).summary
+
+
+def test_ssp_holds_fast_replicas_within_the_bound_of_a_straggler():
+    s = run(consistency="ssp", staleness_bound=2)
+    assert s["consistency"] == "ssp" and s["staleness_bound"] == 2
+    assert s["steps_per_replica"] == [40, 40, 40]
+    assert s["clock_gap_max"] == 2  # reached, never passed
+    assert s["clock_waits"] > 0 and s["clock_wait_s"] > 0  # the fast ones waited for the straggler
+    assert s["updates"] == 3 * 40 * 2
+
+
+def test_async_reports_no_clock_and_never_waits():
+    s = run()
+    assert s["consistency"] == "async"
+    assert "clock_gap_max" not in s and "dropped_gradients" not in s
+
+
+def test_ssp_a_dead_replica_does_not_block_the_others():
+    s = run(consistency="ssp", staleness_bound=1, max_replica_restarts=0, max_steps=60,
+            faults=Faults(kill_replica_at_step=30, kill_replica_id=1))
+    assert s["replicas_lost"] == 1
+    steps = s["steps_per_replica"]
+    assert steps[0] == steps[2] == 60 and steps[1] < 60
+    assert s["clock_gap_max"] <= 1
+
+
+def test_ssp_a_restarted_replica_rejoins_at_the_slowest_clock():
+    s = run(consistency="ssp", staleness_bound=1, max_steps=60,
+            faults=Faults(kill_replica_at_step=30, kill_replica_id=2))
+    assert s["replica_restarts"] == 1 and s["steps_per_replica"] == [60, 60, 60]
+    assert s["clock_gap_max"] <= 1
+
+
+def test_ssp_with_warmstart_and_partitions():
+    s = run(consistency="ssp", staleness_bound=1, warmstart_steps=10, faults=None)
+    assert s["steps_per_replica"] == [50, 40, 40] and s["clock_gap_max"] <= 1
+    s = run(consistency="ssp", staleness_bound=1, partitions=2, replicas=2, model="lc1d", max_steps=20)
+    assert s["steps_per_replica"] == [20, 20] and s["clock_gap_max"] <= 1 and s["partitions"] == 2
+
+
+def test_sync_with_a_backup_replica_drops_the_stragglers_gradients():
+    s = run(consistency="sync", replicas=2, backup_replicas=1)
+    assert s["strategy"] == "sync" and s["consistency"] == "sync" and s["backup_replicas"] == 1
+    assert s["updates"] == 40 * 2  # one update per shard per step
+    assert s["dropped_gradients"] > 0
+    # every step applied the mean of 2 gradients: 2 x 16 examples per step
+    assert s["examples"] == 40 * 2 * 16
+    plain = run(consistency="sync")
+    assert plain["dropped_gradients"] == 0 and plain["examples"] == 40 * 3 * 16
+
+
+def test_sync_with_a_backup_replica_survives_a_dead_replica():
+    s = run(consistency="sync", replicas=2, backup_replicas=1, max_replica_restarts=0, max_steps=30,
+            faults=Faults(kill_replica_at_step=10, kill_replica_id=0))
+    assert s["replicas_lost"] == 1 and s["updates"] == 30 * 2
+    assert s["examples"] == 30 * 2 * 16  # still two gradients a step: the backup stood in
+
+
+@pytest.mark.slow
+def test_ssp_and_sync_backups_on_ray(tmp_path):
+    s = run(runtime="ray", consistency="ssp", staleness_bound=1, max_steps=30, out=str(tmp_path / "ssp"))
+    assert s["steps_per_replica"] == [30, 30, 30] and s["clock_gap_max"] == 1 and s["clock_waits"] > 0
+    s = run(runtime="ray", consistency="sync", replicas=2, backup_replicas=1, max_steps=30,
+            out=str(tmp_path / "sync"))
+    assert s["updates"] == 30 * 2 and s["dropped_gradients"] > 0 and s["examples"] == 30 * 2 * 16
