@@ -26,8 +26,8 @@ from distbelief.config_files import (
 from distbelief.exceptions import ConfigError
 
 __all__ = [
-    "APPLIES_TO", "CONSISTENCY_MODES", "DURABILITY_MODES", "EVALUATION_MODES", "FIELD_HELP", "LOCAL_STRATEGIES", "RUNTIMES", "RunConfig",
-    "OPTIMIZERS", "SECTIONS", "STRATEGIES", "config_from", "ignored_by_strategy", "load_toml",
+    "APPLIES_TO", "CONSISTENCY_MODES", "DURABILITY_MODES", "EVALUATION_MODES", "FIELD_HELP", "LOCAL_STRATEGIES",
+    "RUNTIMES", "RunConfig", "OPTIMIZERS", "SECTIONS", "STRATEGIES", "config_from", "ignored_by_strategy", "load_toml",
     "saved_run_values", "section_of",
 ]
 
