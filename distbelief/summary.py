@@ -50,6 +50,8 @@ class RunSummary:
     staleness_mean: float | None = None  # in updates, over every applied push (asynchronous strategies)
     staleness_max: int | None = None
     rejected_pushes: int | None = None  # non-finite gradients the shards refused
+    # applied updates by staleness, in the buckets 0, 1, 2, 3, 4-7, 8-15, 16-31, 32+ (all shards together)
+    staleness_histogram: list[int] | None = None
 
     # -- Downpour's consistency knob (docs/consistency.md) --
     consistency: str | None = None  # async, ssp or sync

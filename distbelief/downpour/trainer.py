@@ -94,7 +94,7 @@ class ParameterServerTrainer:
         self._warmstart_done = False
         self.settings = ReplicaSettings(
             fetch_every=cfg.fetch_every, push_every=cfg.push_every, local_lr=cfg.local_lr,
-            overlap=cfg.overlap, remote_timeout_s=cfg.remote_timeout_s,
+            overlap=cfg.overlap, remote_timeout_s=cfg.remote_timeout_s, device=cfg.device,
         )
         # consistency = "ssp": the clock table that bounds how far a replica runs ahead (runtime/clocks.py)
         self.clocks = runtime.create_clocks(cfg.staleness_bound) if cfg.consistency == "ssp" else None
@@ -551,6 +551,7 @@ class ParameterServerTrainer:
             updates_per_shard=[s["updates"] for s in stats],
             staleness_mean=stale_mean, staleness_max=stale_max,
             rejected_pushes=sum(s["rejected_pushes"] for s in stats),
+            staleness_histogram=[sum(col) for col in zip(*(s["staleness_histogram"] for s in stats))],
             consistency=cfg.consistency, staleness_bound=cfg.staleness_bound if ssp else None,
             clock_gap_max=clock_stats.get("clock_gap_max"), clock_waits=clock_stats.get("clock_waits"),
             clock_wait_s=round(sum(s.get("clock_wait_s", 0.0) for s in latest), 3) if ssp else None,

@@ -26,6 +26,14 @@ __all__ = ["PARAMS", "VECTOR_OPS", "Durability", "ParameterShard"]
 # memory with its parameters: co-located replicas update them under the shard's lock.
 _COUNTER_SLOTS = ("version", "examples", "rejected_pushes", "staleness_sum", "staleness_max", "staleness_count",
                   "bytes_pushed", "bytes_fetched", "_last_ckpt_version", "_last_ckpt_time_ns", "_snapshot_claimed")
+# The applied pushes by staleness, in the buckets STALENESS_BUCKETS names (after the counters, same array).
+STALENESS_BUCKETS = ("0", "1", "2", "3", "4-7", "8-15", "16-31", "32+")
+_HIST0 = len(_COUNTER_SLOTS)
+
+
+def staleness_bucket(staleness: int) -> int:
+    """The index in STALENESS_BUCKETS of a push ``staleness`` updates old."""
+    return staleness if staleness < 4 else min(7, staleness.bit_length() + 1)
 
 
 def _counter(slot: int) -> property:
@@ -91,7 +99,7 @@ class ParameterShard(DurableShard, VectorAlgebra):
             self.vectors: dict[str, torch.Tensor] = {PARAMS: torch.from_numpy(values)}
             for name, value in (init_state or {}).items():
                 self.opt_state[name].copy_(as_tensor(np.asarray(value, dtype=np.float32)).reshape(-1))
-            self._ctr = np.zeros(len(_COUNTER_SLOTS), dtype=np.int64)
+            self._ctr = np.zeros(_HIST0 + len(STALENESS_BUCKETS), dtype=np.int64)
             for name in self.COUNTERS:
                 setattr(self, name, int((counters or {}).get(name, 0)))
             self._last_ckpt_version = self.version
@@ -221,6 +229,7 @@ class ParameterShard(DurableShard, VectorAlgebra):
         self.staleness_sum += staleness
         self.staleness_max = max(self.staleness_max, staleness)
         self.staleness_count += 1
+        self._ctr[_HIST0 + staleness_bucket(staleness)] += 1
         self.version += 1
         self.examples += int(num_examples)
         if session:
@@ -249,6 +258,7 @@ class ParameterShard(DurableShard, VectorAlgebra):
         acc.div_(accepted)
         self.optimizer.apply(self.vectors[PARAMS], acc, self.opt_state)
         self.staleness_count += 1  # a synchronous update is never stale
+        self._ctr[_HIST0] += 1
         self.version += 1
         self._after_update(0, self.hi - self.lo, 0, acc)
         return self.version
@@ -268,6 +278,7 @@ class ParameterShard(DurableShard, VectorAlgebra):
             "staleness_sum": self.staleness_sum,
             "staleness_max": self.staleness_max,
             "staleness_count": self.staleness_count,
+            "staleness_histogram": [int(c) for c in self._ctr[_HIST0:]],
             "bytes_pushed": self.bytes_pushed,
             "bytes_fetched": self.bytes_fetched,
             "restored_from_version": self.restored_from_version,

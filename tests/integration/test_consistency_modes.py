@@ -24,6 +24,8 @@ def test_ssp_holds_fast_replicas_within_the_bound_of_a_straggler():
     assert s["clock_gap_max"] == 2  # reached, never passed
     assert s["clock_waits"] > 0 and s["clock_wait_s"] > 0  # the fast ones waited for the straggler
     assert s["updates"] == 3 * 40 * 2
+    hist = s["staleness_histogram"]  # every applied push, by staleness bucket (0, 1, 2, 3, 4-7, ...)
+    assert sum(hist) == s["updates"] and hist[5:] == [0, 0, 0]  # ssp bounds how stale a push can be
 
 
 def test_async_reports_no_clock_and_never_waits():
@@ -60,6 +62,7 @@ def test_sync_with_a_backup_replica_drops_the_stragglers_gradients():
     assert s["strategy"] == "sync" and s["consistency"] == "sync" and s["backup_replicas"] == 1
     assert s["updates"] == 40 * 2  # one update per shard per step
     assert s["dropped_gradients"] > 0
+    assert s["staleness_histogram"] == [s["updates"]] + [0] * 7  # a synchronous update is never stale
     # every step applied the mean of 2 gradients: 2 x 16 examples per step
     assert s["examples"] == 40 * 2 * 16
     plain = run(consistency="sync")

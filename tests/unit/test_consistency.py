@@ -101,3 +101,22 @@ def test_consistency_settings():
         RunConfig(consistency="ssp", staleness_bound=-1).validate()
     with pytest.raises(ConfigError, match="consistency.*unknown value"):
         RunConfig(consistency="bsp").validate()
+
+
+def test_shards_count_applied_pushes_by_staleness_bucket():
+    import numpy as np
+
+    from distbelief.ps.optimizers import make_server_optimizer
+    from distbelief.ps.shard import STALENESS_BUCKETS, ParameterShard, staleness_bucket
+
+    assert [staleness_bucket(s) for s in (0, 1, 2, 3, 4, 7, 8, 15, 16, 31, 32, 1000)] == \
+        [0, 1, 2, 3, 4, 4, 5, 5, 6, 6, 7, 7]
+    assert len(STALENESS_BUCKETS) == 8
+    shard = ParameterShard(0, 0, 2, np.zeros(2, np.float32), make_server_optimizer("sgd", 0.1), 2)
+    g = np.ones(2, np.float32)
+    for based_on in (0, 0, 0, 0, 0, 0, 6, 0):  # staleness 0, 1, 2, 3, 4, 5, 0, 7 (versions 0..7)
+        shard.push(0, g, 0, based_on)
+    shard.apply_mean(g, g)  # a synchronous update: never stale
+    assert shard.stats()["staleness_histogram"] == [3, 1, 1, 1, 3, 0, 0, 0]  # 4, 5 and 7 share "4-7"
+    shard.push(0, g, 0, 0, num_examples=1)  # version 9: staleness 9
+    assert shard.stats()["staleness_histogram"][5] == 1
