@@ -60,18 +60,52 @@ def _resolve_threads(cfg: RunConfig) -> int:
     return max(1, cores // cfg.replicas_started)
 
 
-def check_model_and_data(model_fn, train_ds, loss_fn, metric_fn=None) -> None:
-    """Run one tiny forward+backward in this process so shape errors surface before any worker starts."""
-    from torch.utils.data import IterableDataset
+STREAM_STRATEGIES = ("sgd", "sync", "downpour")  # those that stream an IterableDataset (data/batches.py)
 
-    from distbelief.data.loading import loading_of
+
+def check_stream(cfg: RunConfig, ds) -> None:
+    """Refuse a training stream (an IterableDataset) for a run that needs random access into its data, or that
+    has more replicas than the stream has items."""
+    from itertools import islice
+
+    from distbelief.data.loading import stream_of
+
+    stream = stream_of(ds)
+    if stream is None:
+        return
+    if cfg.strategy not in STREAM_STRATEGIES:
+        raise ConfigError("train_data", f"an IterableDataset is streamed by the {', '.join(STREAM_STRATEGIES)} "
+                                        f"strategies only; {cfg.strategy} needs a map-style dataset (one with "
+                                        f"__len__ and __getitem__)")
+    if cfg.partitions > 1:
+        raise ConfigError("train_data", f"an IterableDataset is streamed by the {', '.join(STREAM_STRATEGIES)} "
+                                        f"strategies without partitions only: the partitions of a replica must "
+                                        f"draw the same minibatches, which a stream does not promise; use a "
+                                        f"map-style dataset with partitions={cfg.partitions}")
+    replicas = 1 if cfg.strategy == "sgd" else cfg.replicas_started
+    n = len(list(islice(iter(stream), replicas)))
+    if n < replicas:
+        raise ConfigError("train_data", f"the training stream yielded {n} items, fewer than the {replicas} "
+                                        f"replicas that each stream a share of it")
+
+
+def check_model_and_data(model_fn, train_ds, loss_fn, metric_fn=None, cfg: RunConfig | None = None) -> None:
+    """Run one tiny forward+backward in this process so shape errors surface before any worker starts (and,
+    given the run's ``cfg``, refuse a training stream it cannot read)."""
+    from itertools import islice
+
+    from distbelief.data.loading import loading_of, stream_of
     from distbelief.job import materialize
 
     ds = materialize(train_ds)
-    if isinstance(getattr(ds, "dataset", ds), IterableDataset):
-        raise ConfigError("train_data", "iterable datasets are not supported yet: each replica samples its own "
-                                        "share of a map-style dataset (one with __len__ and __getitem__)")
-    if len(ds) == 0:
+    stream = stream_of(ds)
+    if stream is not None:  # an IterableDataset: its first two items
+        items = list(islice(iter(stream), 2))
+        if not items:
+            raise ConfigError("train_data", "the training stream yielded no items")
+        if cfg is not None:
+            check_stream(cfg, ds)
+    elif len(ds) == 0:
         raise ConfigError("train_data", "the training dataset is empty")
     model = model_fn()
     if not any(p.requires_grad for p in model.parameters()):
@@ -81,7 +115,7 @@ def check_model_and_data(model_fn, train_ds, loss_fn, metric_fn=None) -> None:
             raise ConfigError("model", f"parameter {name!r} is {p.dtype}; distbelief trains float32 parameters "
                                        f"(build the model in float32, e.g. return model.float() from model_fn)")
     try:
-        batch = loading_of(ds).collate([ds[i] for i in range(min(2, len(ds)))])
+        batch = loading_of(ds).collate(items if stream is not None else [ds[i] for i in range(min(2, len(ds)))])
     except Exception as e:  # noqa: BLE001 - the user's items or collate_fn, named before any worker starts
         raise ConfigError("train_data", f"two items of the training set do not collate into (inputs, targets): "
                                         f"{e}") from None
@@ -123,6 +157,21 @@ def compact_subset(dataset, indices) -> "torch.utils.data.TensorDataset":
     return TensorDataset(x, y)
 
 
+def first_items(dataset, n: int, name: str) -> "torch.utils.data.TensorDataset":
+    """The first ``n`` items of a stream (all of them if it has fewer) as a TensorDataset of their own."""
+    from itertools import islice
+
+    from torch.utils.data import TensorDataset
+
+    from distbelief.data.loading import loading_of, stream_of
+
+    items = list(islice(iter(stream_of(dataset)), n))
+    if not items:
+        raise ConfigError(name, "the stream yielded no items")
+    x, y = loading_of(dataset).collate(items)
+    return TensorDataset(x, y)
+
+
 def train(
     model_fn: Callable[[], torch.nn.Module],
     train_data,
@@ -146,8 +195,11 @@ def train(
     Args:
         model_fn: zero-argument factory of the ``nn.Module`` (picklable: it runs in every worker process).
         train_data: a map-style ``torch.utils.data.Dataset`` of ``(input, label)``, or a picklable zero-argument
-            factory returning one (each worker then builds its own copy instead of receiving it).
-        test_data: a Dataset evaluated in the driver with the server's parameters.
+            factory returning one (each worker then builds its own copy instead of receiving it). For sgd, sync
+            and downpour it may be an ``IterableDataset`` (or a factory of one): each replica streams its share
+            (data/batches.py ``StreamBatches``), pass after pass.
+        test_data: a Dataset evaluated in the driver with the server's parameters; an ``IterableDataset`` is read
+            to its end at every evaluation (so it must be finite).
         config: a RunConfig; ``settings`` (any RunConfig field, e.g. ``replicas=4``) override it.
         loss_fn: ``loss_fn(output, target)``; cross-entropy by default.
         metric_fn: ``metric_fn(outputs, targets) -> float`` over the whole test set (higher is better: return
@@ -189,7 +241,7 @@ def train(
         test_data = LoadingDataset(test_data, Loading(collate_fn))
     custom_loss = loss_fn
     loss_fn = loss_fn or F.cross_entropy
-    check_model_and_data(model_fn, train_data, loss_fn, metric_fn)
+    check_model_and_data(model_fn, train_data, loss_fn, metric_fn, cfg)
     n_params = sum(p.numel() for p in model_fn().parameters())
     if cfg.init_params and not resume:  # a resumed run continues from its own checkpoints instead
         from distbelief.warmstart import WarmStarted, load_flat_params
@@ -208,13 +260,20 @@ def train(
                                     f"sandblaster run")
     if resume and not (cfg.out and (Path(cfg.out) / "checkpoints").is_dir()):
         raise ConfigError("resume", f"{cfg.out or '(no run directory)'} has no checkpoints/ to resume from")
-    if cfg.eval_samples and cfg.eval_samples < len(test_data):
+    from distbelief.data.loading import stream_of
+
+    if cfg.eval_samples and stream_of(test_data) is not None:  # a test stream: its first eval_samples items
+        test_data = first_items(test_data, cfg.eval_samples, "test_data")
+    elif cfg.eval_samples and cfg.eval_samples < len(test_data):
         test_data = compact_subset(test_data, range(cfg.eval_samples))
     train_probe = None
     if cfg.train_eval_samples:
         ds = materialize(train_data)
-        pick = torch.randperm(len(ds), generator=torch.Generator().manual_seed(cfg.seed + 17))
-        train_probe = compact_subset(ds, pick[: cfg.train_eval_samples].tolist())
+        if stream_of(ds) is not None:  # a stream: its first train_eval_samples items
+            train_probe = first_items(ds, cfg.train_eval_samples, "train_data")
+        else:
+            pick = torch.randperm(len(ds), generator=torch.Generator().manual_seed(cfg.seed + 17))
+            train_probe = compact_subset(ds, pick[: cfg.train_eval_samples].tolist())
     job = Job(cfg, model_fn, train_data, test_data, loss_fn, _resolve_threads(cfg), train_probe, faults,
               metric_fn)
     # A mean cross-entropy above the ceiling is divergence; a custom loss's scale is unknown: relative rule only.
@@ -278,6 +337,7 @@ def _run_strategy(job, recorder, runtime, resume: bool) -> tuple[dict, "torch.Te
         if own_runtime:
             runtime = make_runtime(cfg)
         try:
+            _replicas_on_device(runtime, cfg)
             # a cluster joined with --address refuses a job too big for it; the local Ray runs it oversubscribed
             runtime.check_capacity(cfg.replicas_started, partitions=cfg.partitions, log=recorder.log)
             torch.set_num_threads(1)  # the driver only evaluates; leave the cores to the workers
@@ -302,6 +362,20 @@ def _run_strategy(job, recorder, runtime, resume: bool) -> tuple[dict, "torch.Te
     if isinstance(summary, RunSummary):
         summary = summary.to_dict()
     return summary, flat, buffers
+
+
+def _replicas_on_device(runtime, cfg: RunConfig) -> None:
+    """Before any replica starts: on Ray, how many GPUs each replica actor asks for (``device`` "cuda": one;
+    "auto": one where the cluster has one per replica, see ``RayRuntime.check_capacity``); in this process (the
+    inprocess runtime, also when passed to ``train`` as an instance), refuse a CUDA device it does not have."""
+    from distbelief.devices import DEVICE_STRATEGIES, check_cuda_here, wants_gpu
+
+    takes = cfg.strategy in DEVICE_STRATEGIES and cfg.partitions == 1
+    if runtime.name == "ray":
+        runtime.replica_gpus = 1.0 if takes and wants_gpu(cfg.device) else 0.0
+        runtime.replica_gpus_if_free = takes and cfg.device == "auto"
+    elif runtime.name == "inprocess" and takes:
+        check_cuda_here(cfg.device, "the inprocess runtime")
 
 
 def make_runtime(cfg: RunConfig):

@@ -90,6 +90,7 @@ class RunConfig:
     address: str = ""
     runtime: str = "ray"
     threads: int = 0
+    device: str = "cpu"
     max_replica_restarts: int = 3
     remote_timeout_s: float = 120.0
     # durability of the parameter shards: off, snapshot (background snapshots) or log (snapshots + write-ahead log)
@@ -247,6 +248,7 @@ class RunConfig:
             raise ConfigError("num_classes", f"speech supports up to 8192 classes, got {self.num_classes}")
         self._check_sandblaster()
         self._check_consistency()
+        self._check_device()
         if self.address and self.strategy in LOCAL_STRATEGIES:
             raise ConfigError("address", f"the {self.strategy} baseline runs its workers on this machine; drop "
                                          f"--address")
@@ -274,6 +276,30 @@ class RunConfig:
         if self.backup_replicas and self.consistency != "sync":
             raise ConfigError("backup_replicas", "backup replicas serve synchronous steps; add consistency = "
                                                  "\"sync\"")
+
+    def _check_device(self) -> None:
+        """``device``: a known value, asked of a strategy whose replicas can compute on it, and a CUDA device this
+        process has where the computing happens in this process (in-process runtime, single-process sgd)."""
+        from distbelief.devices import DEVICE_STRATEGIES, check_cuda_here, device_error, wants_gpu
+
+        problem = device_error(self.device)
+        if problem:
+            raise ConfigError("device", problem)
+        if not wants_gpu(self.device):
+            return
+        if self.strategy not in DEVICE_STRATEGIES:
+            raise ConfigError("device", f"the {self.strategy} strategy computes on the CPU only; use device = "
+                                        f"\"cpu\" (device = \"auto\" runs it on the CPU too); for a GPU, use strategy "
+                                        f"downpour, sync or sgd")
+        if self.partitions > 1:
+            raise ConfigError("device", "partitioned replicas compute on the CPU only; use device = \"cpu\" (device "
+                                        "= \"auto\" runs them on the CPU too), or partitions = 1 for a GPU")
+        if self.strategy == "sgd" or self.runtime == "inprocess":
+            where = "single-process sgd" if self.strategy == "sgd" else "the inprocess runtime"
+            check_cuda_here(self.device, where)
+        elif self.device != "cuda":
+            raise ConfigError("device", f"{self.device!r} picks a GPU of this process, but on Ray each replica "
+                                        f"computes on the GPU Ray assigns it; use device = \"cuda\"")
 
     def _check_sandblaster(self) -> None:
         for name in ("portion_size", "history", "push_every_portions"):
@@ -365,6 +391,10 @@ FIELD_HELP: dict[str, str] = {
     "address": "HOST:PORT of an existing Ray cluster (default: start a local Ray)",
     "runtime": "ray (one process per role) or inprocess (threads; for tests and debugging)",
     "threads": "torch threads per worker process (0 = cores / replicas)",
+    "device": "where replicas compute: cpu, cuda (on Ray: one GPU per replica, refused when the cluster has too "
+              "few), cuda:N (this process's GPU N: inprocess runtime or sgd) or auto (cuda where the replica's "
+              "process has a GPU, else cpu); downpour, sync and sgd only. Shards, evaluation and checkpoints "
+              "stay on the CPU; the CUDA path is not run by the test suite (docs/api.md, Devices)",
     "max_replica_restarts": "how many times a dead replica is restarted before the run goes on without it",
     "remote_timeout_s": "how long any remote call may take before the run fails with a timeout",
     "durability": "how a dead parameter shard gets its state back: off (the run fails), snapshot (each shard "
@@ -415,6 +445,7 @@ APPLIES_TO: dict[str, tuple[str, ...]] = {
     **{name: ("sandblaster",) for name in SECTIONS["sandblaster"]},
     "consistency": ("downpour", "sync"),
     "backup_replicas": ("sync",),
+    "device": ("sgd", "sync", "downpour"),
     **{name: _WITH_SERVER for name in SECTIONS["durability"]},
     **{name: ("sgd", "sync", "downpour", "hogwild", "ddp")
        for name in ("optimizer", "lr", "adagrad_eps", "adagrad_initial_accumulator", "batch_size")},

@@ -20,7 +20,8 @@ from distbelief.exceptions import ConfigError
 SECTIONS: dict[str, tuple[str, ...]] = {
     "task": ("task", "model", "num_samples", "num_classes", "class_prior"),
     "run": ("strategy", "replicas", "shards", "partitions", "batch_size", "optimizer", "lr", "adagrad_eps",
-            "adagrad_initial_accumulator", "seed", "out", "tensorboard", "runtime", "threads", "init_params"),
+            "adagrad_initial_accumulator", "seed", "out", "tensorboard", "runtime", "threads", "init_params",
+            "device"),
     "stop": ("max_steps", "max_seconds", "target_accuracy"),
     "downpour": ("fetch_every", "push_every", "local_lr", "overlap", "staleness_aware", "warmstart_steps",
                  "max_replica_restarts", "consistency", "staleness_bound", "backup_replicas"),

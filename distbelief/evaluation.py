@@ -18,7 +18,7 @@ def evaluate(model: torch.nn.Module, dataset, loss_fn=None, batch_size: int = 10
              metric_fn=None) -> tuple[float, float]:
     """Return ``(metric, mean loss)`` of ``model`` on ``dataset``, in eval mode. ``metric_fn(outputs, targets)``
     sees the whole set's outputs at once (so a metric that does not average over examples, e.g. AUC, works);
-    the default is classification accuracy."""
+    the default is classification accuracy. A stream (an IterableDataset) is read to its end."""
     loss_fn = loss_fn or F.cross_entropy
     was_training = model.training
     model.eval()

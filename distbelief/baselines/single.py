@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
 
 from distbelief.baselines.loop import OneReplicaRun
-from distbelief.data.batches import BatchSource
+from distbelief.devices import resolve_device
+from distbelief.data.batches import BatchSource, StreamBatches
+from distbelief.data.loading import stream_of
 from distbelief.metrics import RunRecorder
 from distbelief.summary import RunSummary
 
@@ -30,9 +33,13 @@ class SingleProcessRun(OneReplicaRun):
         cfg = job.cfg
         torch.set_num_threads(job.threads)
         torch.manual_seed(cfg.seed)
-        self.model = job.model_fn()
+        self.device = resolve_device(cfg.device)  # the model and each batch live there; evaluation on the CPU
+        self.model = job.model_fn().to(self.device)
         ds = materialize(job.train_data)
-        self.batches = BatchSource(ds, range(len(ds)), cfg.batch_size, seed=cfg.seed * 7919)
+        if stream_of(ds) is not None:  # an IterableDataset: the whole stream, pass after pass
+            self.batches = StreamBatches(ds, 0, 1, cfg.batch_size)
+        else:
+            self.batches = BatchSource(ds, range(len(ds)), cfg.batch_size, seed=cfg.seed * 7919)
         self.opt = make_torch_optimizer(cfg, self.model.parameters())
         recorder.log(f"single-process {cfg.optimizer} with {job.threads} torch thread(s) "
                      f"({sum(p.numel() for p in self.model.parameters()):,} parameters)")
@@ -40,6 +47,8 @@ class SingleProcessRun(OneReplicaRun):
     def train_until_eval(self) -> None:
         while True:
             x, y = self.batches.next_batch()
+            if self.device.type != "cpu":
+                x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             self.opt.zero_grad(set_to_none=False)
             loss = self.job.loss_fn(self.model(x), y)
             loss.backward()
@@ -52,7 +61,9 @@ class SingleProcessRun(OneReplicaRun):
                 return
 
     def model_now(self) -> torch.nn.Module:
-        return self.model
+        if self.device.type == "cpu":
+            return self.model
+        return copy.deepcopy(self.model).cpu()  # evaluated, flattened and returned on the CPU
 
     def summary_fields(self) -> dict:
         return {"threads": self.job.threads}

@@ -1,12 +1,15 @@
-"""Minibatch sampling from a replica's own subset of a torch Dataset."""
+"""Minibatch sampling from a replica's own subset of a torch Dataset, or its own share of a stream (an
+IterableDataset)."""
 
 from __future__ import annotations
 
+from itertools import islice
+
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
-from distbelief.data.loading import fast_tensors, loading_of
+from distbelief.data.loading import fast_tensors, loading_of, stream_of
 
 
 def replica_indices(num_examples: int, num_replicas: int, replica_id: int, seed: int) -> np.ndarray:
@@ -76,8 +79,80 @@ class _Endless:
             yield [int(i) for i in self.source._next_indices()]
 
 
+class StreamBatches:
+    """Endless minibatches ``(x, y)`` from replica ``replica_id``'s share of a stream (an IterableDataset, or a
+    LoadingDataset wrapping one): the same ``next_batch()`` as BatchSource.
+
+    The share is the items at positions ``i`` of the stream with ``i % num_replicas == replica_id``, so the
+    replicas' shares are disjoint and together cover the stream. They come in the stream's own order (nothing is
+    shuffled), ``batch_size`` at a time, collated like any dataset's items (data/loading.py); the last batch of
+    a pass may be shorter. When the stream ends, the next pass (epoch) iterates the dataset again; an endless
+    stream is one pass.
+
+    With DataLoader workers (``loader_workers`` W) worker ``w`` reads the stream as well and collates the share's
+    batches ``b`` with ``b % W == w``; the DataLoader returns its workers' batches in turn, so the batches and
+    their order are exactly those without workers, and each item is in one batch per pass.
+    """
+
+    def __init__(self, dataset, replica_id: int, num_replicas: int, batch_size: int):
+        self.dataset, self.stream = dataset, stream_of(dataset)
+        if self.stream is None:
+            raise TypeError(f"StreamBatches reads an IterableDataset, not a {type(dataset).__name__}")
+        self.replica_id, self.num_replicas, self.batch_size = replica_id, num_replicas, batch_size
+        loading = loading_of(dataset)
+        self._collate, self._workers = loading.collate, loading.workers
+        self.epochs = 0  # passes over the stream started
+        self._batches = None  # the current pass's batches
+        self._loader = None  # the DataLoader over the share, made on the first pass when there are workers
+
+    def _new_pass(self):
+        self.epochs += 1
+        share = _ShareBatches(self.stream, self.replica_id, self.num_replicas, self.batch_size, self._collate)
+        if not self._workers:
+            return iter(share)
+        if self._loader is None:  # persistent workers: each later pass resumes them, starting the stream again
+            self._loader = DataLoader(share, batch_size=None, collate_fn=_as_is, num_workers=self._workers,
+                                      persistent_workers=True, multiprocessing_context="spawn")
+        return iter(self._loader)
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = next(self._batches, None) if self._batches is not None else None
+        if batch is None:  # the first batch, or the stream ended: a new pass
+            self._batches = self._new_pass()
+            batch = next(self._batches, None)
+            if batch is None:
+                raise ValueError(f"replica {self.replica_id}'s share of the training stream is empty (a pass "
+                                 f"yielded fewer than {self.replica_id + 1} items); use fewer replicas")
+        x, y = batch
+        return x, y
+
+
+class _ShareBatches(IterableDataset):
+    """One pass over a replica's share of ``stream``, collated into batches; in DataLoader worker ``w`` of ``W``,
+    only the share's batches ``b`` with ``b % W == w`` (the others are grouped but not collated)."""
+
+    def __init__(self, stream, replica_id: int, num_replicas: int, batch_size: int, collate):
+        self.stream, self.collate = stream, collate
+        self.replica_id, self.num_replicas, self.batch_size = replica_id, num_replicas, batch_size
+
+    def __iter__(self):
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        items = islice(iter(self.stream), self.replica_id, None, self.num_replicas)
+        chunks = iter(lambda: list(islice(items, self.batch_size)), [])
+        return (self.collate(chunk) for chunk in islice(chunks, worker, None, workers))
+
+
+def _as_is(batch):
+    return batch  # the DataLoader's collate_fn: _ShareBatches already collated
+
+
 def iterate_batches(dataset: Dataset, batch_size: int):
-    """All of ``dataset`` in order, in batches (for evaluation)."""
+    """All of ``dataset`` in order, in batches (for evaluation); a stream is read to its end."""
+    stream = stream_of(dataset)
+    if stream is not None:
+        yield from _ShareBatches(stream, 0, 1, batch_size, loading_of(dataset).collate)
+        return
     n = len(dataset)
     tensors = fast_tensors(dataset)
     collate = loading_of(dataset).collate

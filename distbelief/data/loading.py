@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from torch.utils.data import Dataset, default_collate
+from torch.utils.data import Dataset, IterableDataset, default_collate
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,13 @@ class WithLoading:
 
 def loading_of(dataset) -> Loading:
     return getattr(dataset, "loading", None) or Loading()
+
+
+def stream_of(dataset) -> IterableDataset | None:
+    """The IterableDataset that ``dataset`` streams from (it, or the one a LoadingDataset wraps), or None for a
+    map-style dataset (data/batches.py: ``StreamBatches`` and ``iterate_batches`` read it)."""
+    inner = dataset.dataset if isinstance(dataset, LoadingDataset) else dataset
+    return inner if isinstance(inner, IterableDataset) else None
 
 
 def fast_tensors(dataset):

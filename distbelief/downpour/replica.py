@@ -34,10 +34,12 @@ from typing import Any, Callable, Protocol
 import torch
 
 from distbelief.buffers import buffers_of
-from distbelief.data.batches import BatchSource, replica_indices
+from distbelief.data.batches import BatchSource, StreamBatches, replica_indices
+from distbelief.data.loading import stream_of
 from distbelief.exceptions import ReplicaKilled
 from distbelief.job import materialize
-from distbelief.ps.sharding import bind_flat
+from distbelief.devices import resolve_device
+from distbelief.ps.sharding import bind_flat, flatten
 from distbelief.runtime.base import Done
 
 
@@ -50,6 +52,8 @@ class ReplicaSettings:
     remote_timeout_s: float = 120.0
     # Fault injection (testing.Faults.straggler_*): each step takes this many times its compute time.
     slowdown: float = 1.0
+    # Where the replica computes: "cpu", "cuda", "cuda:N" or "auto" (RunConfig.device; distbelief/devices.py).
+    device: str = "cpu"
 
 
 class GradientSource(Protocol):
@@ -80,35 +84,73 @@ class GradientSource(Protocol):
 
 
 class WholeModel:
-    """A gradient source holding a whole model: its parameters (and ``.grad``) are views into ``flat`` / ``grads``
-    (see ``bind_flat``), so a fetch writes the model and ``backward()`` writes the push buffer."""
+    """A gradient source holding a whole model.
+
+    ``flat`` / ``grads`` are host (CPU float32) vectors: fetches write ``flat``, pushes read ``grads``. On the CPU
+    (the direct path) the model's parameters (and ``.grad``) are views into them (see ``bind_flat``), so a fetch
+    writes the model and ``backward()`` writes the push buffer.
+
+    On another ``device`` (or with ``mirror=True``, which takes this path on the CPU so that tests exercise its
+    copies) the model lives on the device, bound to device vectors of its own: each ``gradient`` copies ``flat``
+    to the device, computes there and copies the device gradient back into ``grads``. ``device`` "auto" is
+    resolved here, in the replica's process."""
 
     lo = 0
 
     def __init__(self, replica_id: int, model: torch.nn.Module,
-                 loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]):
+                 loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], device: str = "cpu",
+                 mirror: bool = False):
         self.name = f"replica {replica_id}"
         self.model, self.loss_fn = model, loss_fn
-        self.flat, self.grads = bind_flat(model)
+        self.device = resolve_device(device)
+        self.mirrored = mirror or self.device.type != "cpu"
+        if self.mirrored:
+            self.flat, self.grads = flatten(model), torch.zeros(sum(p.numel() for p in model.parameters()))
+            model.to(self.device)
+            n = self.flat.numel()
+            self._dev_flat, self._dev_grads = bind_flat(
+                model, torch.empty(n, dtype=torch.float32, device=self.device),
+                torch.zeros(n, dtype=torch.float32, device=self.device))
+        else:
+            self.flat, self.grads = bind_flat(model)
         self.params = self.flat
 
     def adopt_buffers(self, buffers: tuple) -> bool:
-        """Bind the model to the client's shared ``(params, grads)`` buffers (zero-copy fetches and pushes)."""
-        self.flat, self.grads = bind_flat(self.model, *(torch.from_numpy(b) for b in buffers))
+        """Use the client's shared ``(params, grads)`` buffers as ``flat`` / ``grads`` (zero-copy fetches and
+        pushes): the model is bound to them, or on the mirrored path copies to and from them each step."""
+        flat, grads = (torch.from_numpy(b) for b in buffers)
+        if self.mirrored:
+            if flat.dtype != torch.float32 or flat.shape != self.flat.shape or grads.shape != self.grads.shape:
+                raise ValueError(f"adopt_buffers: need two float32 vectors of {self.flat.numel()} elements")
+            flat.copy_(self.flat)
+            self.flat, self.grads = flat, grads.zero_()
+        else:
+            self.flat, self.grads = bind_flat(self.model, flat, grads)
         self.params = self.flat
         return True
 
     def gradient(self, x: torch.Tensor, y: torch.Tensor) -> float:
-        self.grads.zero_()
+        if not self.mirrored:
+            self.grads.zero_()
+            loss = self.loss_fn(self.model(x), y)
+            loss.backward()
+            return loss.item()
+        # Host -> device: asynchronous where the host memory allows it; the kernels below run after it on the
+        # same stream. The gradient comes back with a blocking copy (``grads`` is read as soon as we return).
+        self._dev_flat.copy_(self.flat, non_blocking=True)
+        x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        self._dev_grads.zero_()
         loss = self.loss_fn(self.model(x), y)
         loss.backward()
+        self.grads.copy_(self._dev_grads)
         return loss.item()
 
     def agree(self, step: int, go: bool) -> bool:
         return go
 
     def module_buffers(self) -> dict[str, torch.Tensor]:
-        return buffers_of(self.model)
+        """The model's buffers as CPU tensors (copies)."""
+        return {name: b.cpu() for name, b in buffers_of(self.model).items()}
 
     def stats(self) -> dict[str, Any]:
         return {}
@@ -434,10 +476,12 @@ class ReplicaRecipe:
         ds = materialize(self.train_data)
         torch.manual_seed(self.seed + 1009 * (self.replica_id + 1) if model_seed is None else model_seed)
         model = self.model_fn()
+        if stream_of(ds) is not None:  # an IterableDataset: the replica streams its share of it
+            return model, StreamBatches(ds, self.replica_id, self.num_replicas, self.batch_size)
         idx = replica_indices(len(ds), self.num_replicas, self.replica_id, self.seed)
         return model, BatchSource(ds, idx, self.batch_size, seed=self.seed * 7919 + self.replica_id)
 
     def __call__(self, client) -> ModelReplica:
         model, batches = self.model_and_batches()
-        return ModelReplica(self.replica_id, WholeModel(self.replica_id, model, self.loss_fn), batches, client,
-                            self.settings, clocks=self.clocks)
+        source = WholeModel(self.replica_id, model, self.loss_fn, device=self.settings.device)
+        return ModelReplica(self.replica_id, source, batches, client, self.settings, clocks=self.clocks)

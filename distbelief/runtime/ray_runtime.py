@@ -546,6 +546,11 @@ class RayRuntime(Runtime):
         connect(address, num_cpus)
         self.replica_cpus, self.shard_cpus = replica_cpus, shard_cpus
         self.partition_cpus = 1.0  # each partition actor of a partitioned replica (partition_ray)
+        # GPUs each replica actor asks Ray for (device = "cuda": 1; Ray then shows it only that GPU). With
+        # ``replica_gpus_if_free`` (device = "auto"), check_capacity asks for one each when the cluster has a GPU
+        # per replica, and none otherwise (the replicas then see no GPU and compute on the CPU).
+        self.replica_gpus = 0.0
+        self.replica_gpus_if_free = False
         self._shard_node: dict[int, str] = {}  # where each shard was asked to go (spreading the next ones)
         self.startup_timeout_s, self.remote_timeout_s = startup_timeout_s, remote_timeout_s
         self._actors: list[Any] = []
@@ -566,7 +571,11 @@ class RayRuntime(Runtime):
         replica that cannot be placed would wait forever. On the local Ray we started, run it oversubscribed
         instead (a laptop's 2 cores can still run 4 replicas): each replica or partition asks for an equal
         share of the CPUs, and one line through ``log`` (stderr without one) says so. Returns that line, or None
-        when the job fits."""
+        when the job fits.
+
+        GPUs are never shared: replicas that ask for one each (``replica_gpus``) and outnumber the cluster's GPUs
+        are refused, local Ray or not (ConfigError naming ``device``)."""
+        self._check_gpus(num_replicas if partitions == 1 else 0, log)
         cpus = ray.cluster_resources().get("CPU", 0.0)
         unit = "partition" if partitions > 1 else "replica"
         per_unit = self.partition_cpus if partitions > 1 else self.replica_cpus
@@ -592,6 +601,29 @@ class RayRuntime(Runtime):
         else:
             print(f"[distbelief] warning: {message}", file=sys.stderr, flush=True)
         return message
+
+    def _check_gpus(self, num_replicas: int, log: Callable[[str], None] | None) -> None:
+        """The GPU side of check_capacity: settle ``replica_gpus`` for device "auto", refuse a job whose replicas
+        need more GPUs than the cluster has."""
+        gpus = ray.cluster_resources().get("GPU", 0.0)
+        if self.replica_gpus_if_free:
+            self.replica_gpus = 1.0 if num_replicas and gpus >= num_replicas else 0.0
+            if num_replicas and gpus and not self.replica_gpus:
+                message = (f"device auto: {num_replicas} replicas but {gpus:g} GPUs in the Ray cluster; the replicas "
+                           f"compute on the CPU")
+                if log is not None:
+                    log(f"warning: {message}")
+                else:
+                    print(f"[distbelief] warning: {message}", file=sys.stderr, flush=True)
+            return
+        need = num_replicas * self.replica_gpus
+        if need > gpus + 1e-9:
+            raise ConfigError(
+                "device",
+                f"{num_replicas} replicas x {self.replica_gpus:g} GPU each need {need:g} GPUs but the Ray cluster has "
+                f"{gpus:g}; use fewer replicas, device = \"auto\" (the CPU when GPUs are short) or \"cpu\", or add "
+                f"GPU nodes",
+            )
 
     def create_partition_group(self, replica_id, factory, shards, layout, threads, num_partitions) -> Role:
         role = create_ray_partition_group(self, replica_id, factory, shards, layout, threads, num_partitions,
@@ -634,7 +666,8 @@ class RayRuntime(Runtime):
 
     def create_replica(self, replica_id, factory, shards, layout, threads) -> Role:
         handles = [s.handle for s in shards]
-        actor = RoleActor.options(num_cpus=self.replica_cpus, max_concurrency=4, max_restarts=0).remote(
+        actor = RoleActor.options(num_cpus=self.replica_cpus, num_gpus=self.replica_gpus, max_concurrency=4,
+                                  max_restarts=0).remote(
             threads, _build_replica, handles, layout, replica_id, self.remote_timeout_s, factory, self.shm_prefix,
             self.colocate)
         self._actors.append(actor)
