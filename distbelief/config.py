@@ -57,6 +57,7 @@ class RunConfig:
     # how
     strategy: str = "downpour"
     replicas: int = 2
+    max_replicas: int = 0  # elastic Downpour (--replicas MIN:MAX): up to this many; 0 = a fixed count
     shards: int = 2
     partitions: int = 1
     fetch_every: int = 1
@@ -248,6 +249,7 @@ class RunConfig:
             raise ConfigError("num_classes", f"speech supports up to 8192 classes, got {self.num_classes}")
         self._check_sandblaster()
         self._check_consistency()
+        self._check_elastic()
         self._check_device()
         if self.address and self.strategy in LOCAL_STRATEGIES:
             raise ConfigError("address", f"the {self.strategy} baseline runs its workers on this machine; drop "
@@ -261,6 +263,19 @@ class RunConfig:
                                                  "repeat its rate); use durability snapshot or off")
         if self.address and self.runtime != "ray":
             raise ConfigError("address", "--address needs the ray runtime (runtime = \"ray\")")
+
+    def _check_elastic(self) -> None:
+        if not self.max_replicas:
+            return
+        _at_least(self, "max_replicas", 0)
+        if self.max_replicas < self.replicas:
+            raise ConfigError("replicas", f"MIN:MAX needs MIN <= MAX, got {self.replicas}:{self.max_replicas}")
+        if self.strategy != "downpour":
+            raise ConfigError("replicas", f"MIN:MAX (elastic replicas) is for downpour; the {self.strategy} "
+                                          f"strategy runs a fixed number of replicas")
+        if self.partitions > 1:
+            raise ConfigError("replicas", "MIN:MAX (elastic replicas) runs unpartitioned replicas; use "
+                                          "partitions = 1 or a fixed replica count")
 
     def _check_consistency(self) -> None:
         for name in ("staleness_bound", "backup_replicas"):
@@ -336,7 +351,10 @@ FIELD_HELP: dict[str, str] = {
                 "sandblaster (batch L-BFGS driven by a coordinator, vectors on the shards), hogwild (lock-free "
                 "updates of shared-memory parameters by local processes), ddp (torch DistributedDataParallel, "
                 "gloo, local processes; global batch = replicas x batch_size)",
-    "replicas": "number of model replicas (data-parallel workers)",
+    "replicas": "number of model replicas (data-parallel workers); downpour also takes MIN:MAX (elastic: starts "
+                "with as many as the cluster's free CPUs hold, at least MIN, adds one whenever CPUs appear and "
+                "removes one when its node goes, without restarting anything else)",
+    "max_replicas": "elastic downpour: the most replicas (what --replicas MIN:MAX sets; 0 = a fixed count)",
     "shards": "number of parameter-server shards",
     "partitions": "model parallelism: run every replica as this many partition processes (lc1d, lc-image-*, "
                   "mlp and speech models)",
@@ -431,6 +449,10 @@ def config_from(values: dict[str, Any], base: RunConfig | None = None) -> RunCon
             close = [k for k in known if k.startswith(name[:4])]
             hint = f" (did you mean {', '.join(close)}?)" if close else ""
             raise ConfigError(name, f"unknown setting{hint}")
+        if name == "replicas" and isinstance(raw, str) and ":" in raw:  # MIN:MAX, elastic Downpour
+            low, _, high = raw.partition(":")
+            applied["max_replicas"] = coerce_value("replicas", "int", high.strip())
+            raw = low.strip()
         applied[name] = coerce_value(name, known[name].type, raw)
     return dataclasses.replace(base if base is not None else RunConfig(), **applied)
 

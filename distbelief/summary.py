@@ -67,6 +67,12 @@ class RunSummary:
     replicas_zero_copy: int | None = None
     replicas_colocated: int | None = None
 
+    # -- elastic Downpour (--replicas MIN:MAX): replicas is MIN --
+    max_replicas: int | None = None
+    replicas_added: int | None = None  # started while the run went on (free CPUs appeared)
+    replicas_removed: int | None = None  # failed with no free CPU to restart on (their node left)
+    replica_first_push_s: list[float] | None = None  # each added replica: from its start to its first applied push
+
     # -- failures --
     replica_restarts: int | None = None
     replicas_lost: int | None = None

@@ -222,6 +222,9 @@ class ModelReplica:
         self.wait_s = 0.0
         self.clock_wait_s = 0.0  # of wait_s: held back by the staleness bound
         self.paused_s = 0.0  # held by pause() (evaluations)
+        # When (time.time()) a fetch first came back after this replica's first push: its first push was applied
+        # by then (a shard runs one caller's calls in order). Elastic runs time a new replica by it.
+        self.first_push_time: float | None = None
 
     # -- control (callable from another thread) --
     def stop(self) -> None:
@@ -288,6 +291,7 @@ class ModelReplica:
             "compute_s": self.compute_s,
             "wait_s": self.wait_s,
             "clock_wait_s": self.clock_wait_s,
+            "first_push_time": self.first_push_time,
             **self.source.stats(),
         }
 
@@ -295,6 +299,8 @@ class ModelReplica:
     def _load(self, fetched) -> Any:
         t0 = time.perf_counter()
         parts, versions = fetched.result(self.settings.remote_timeout_s)
+        if self.first_push_time is None and self.pushes:
+            self.first_push_time = time.time()
         flat = self.source.flat
         for lo, values in parts:
             src, dst = torch.as_tensor(values), flat[lo : lo + len(values)]
@@ -327,23 +333,33 @@ class ModelReplica:
         if self.settings.slowdown > 1:
             time.sleep((self.settings.slowdown - 1) * (time.perf_counter() - t0))
 
-    def _clock_open(self, clock: int, ticket, pending_push):
+    def _clock_open(self, clock: int, pending_push):
         """The staleness bound (``consistency = "ssp"``): wait until this replica, having completed ``clock``
-        steps, is at most the bound ahead of the slowest live replica. ``ticket`` is the request sent at the
-        end of the previous step. While waiting it honours pause (holding like at a step boundary) and stop.
-        Returns ``(go, pending_push)``; ``go`` is False when asked to stop."""
+        steps, is at most the bound ahead of the slowest live replica. The slowest clock never decreases, so
+        while ``clock <= known slowest + bound`` no question is asked; otherwise the answer to the report sent at
+        the end of the last step is read, and only if that does not allow the step either does the replica wait
+        on the table. While waiting it honours pause (holding like at a step boundary) and stop. Returns
+        ``(go, pending_push)``; ``go`` is False when asked to stop."""
+        bound, timeout = self.clocks.bound, self.settings.remote_timeout_s
+        if clock - self._slowest <= bound:
+            return True, pending_push
         t0 = time.perf_counter()
         try:
-            ok = ticket.result(self.settings.remote_timeout_s) if ticket is not None else \
-                self.clocks.request(self.replica_id, clock).result(self.settings.remote_timeout_s)
-            while not ok:
+            if self._report is not None:
+                self._slowest = max(self._slowest, self._report.result(timeout))
+                self._report = None
+                if clock - self._slowest <= bound:
+                    return True, pending_push
+            first = True
+            while not self.clocks.wait(self.replica_id, clock, 0.05, first_try=first):
+                first = False
                 if self._killed:
                     raise ReplicaKilled(f"{self.source.name} was killed (fault injection)")
                 if self._stop.is_set():
                     return False, pending_push
                 if not self._go.is_set():
                     pending_push = self._hold_if_paused(pending_push)
-                ok = self.clocks.wait(self.replica_id, clock, 0.05)
+            self._slowest = max(self._slowest, clock - bound)  # allowed: the slowest is at least this far on
             return True, pending_push
         finally:
             waited = time.perf_counter() - t0
@@ -358,13 +374,13 @@ class ModelReplica:
         acc_versions = None
         acc_count = acc_examples = 0
         local_step = 0
-        clocks, ticket = self.clocks, None
+        clocks = self.clocks
         base = clocks.join(self.replica_id) if clocks is not None else 0
+        self._slowest, self._report = base, None  # what this replica knows of the slowest live clock
         while True:
             go = local_step < limit and not self._stop.is_set() and time.monotonic() < deadline + self.paused_s
             if go and clocks is not None:  # decided before agree(): a lockstep group's head decides for all
-                go, pending_push = self._clock_open(base + local_step, ticket, pending_push)
-                ticket = None
+                go, pending_push = self._clock_open(base + local_step, pending_push)
             if not self._agree(local_step, go):
                 break
             if self._killed:
@@ -407,8 +423,8 @@ class ModelReplica:
             local_step += 1
             self.steps += 1
             self.examples += len(y)
-            if clocks is not None and local_step < limit:  # ask for the next step now: the answer travels with
-                ticket = clocks.request(self.replica_id, base + local_step)  # the fetch
+            if clocks is not None and local_step < limit:  # tell the table; its answer is read only if needed
+                self._report = clocks.report(self.replica_id, base + local_step)
             if loss is not None:
                 self.loss_ema = loss if math.isnan(self.loss_ema) else 0.9 * self.loss_ema + 0.1 * loss
         if acc_count:

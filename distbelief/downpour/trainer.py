@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from distbelief.buffers import average, buffers_of, load_buffers
+from distbelief.downpour.elastic import ElasticPlan
 from distbelief.downpour.replica import ReplicaRecipe, ReplicaSettings
 from distbelief.downpour.shards import ServerShards, durability_for, staleness
 from distbelief.evaluation import evaluate_job
@@ -99,6 +100,13 @@ class ParameterServerTrainer:
         # consistency = "ssp": the clock table that bounds how far a replica runs ahead (runtime/clocks.py)
         self.clocks = runtime.create_clocks(cfg.staleness_bound) if cfg.consistency == "ssp" else None
         self.dropped_gradients = p.get("dropped_gradients", 0)  # sync with backup replicas: stragglers' gradients
+        # --replicas MIN:MAX (downpour/elastic.py): replicas come and go with the cluster's free CPUs
+        self.elastic = ElasticPlan(cfg.replicas, cfg.max_replicas) if cfg.max_replicas else None
+        self._ceiling = cfg.max_replicas  # less the replicas that used up their restarts
+        self._next_scale = 0.0
+        self._scaling = False  # only once every replica runs (after warmstart)
+        self._added_at: dict[int, float] = {}  # elastic replicas added, until their first push is seen
+        self.first_push_s: list[float] = []  # elastic: from a replica's start to its first applied push
         self.replicas: dict[int, _ReplicaState] = {}
         self.eval_mode = "paused"  # set once the replicas are placed (_choose_evaluation)
         self._last_eval_s = 0.0
@@ -141,7 +149,8 @@ class ParameterServerTrainer:
     # ---------------------------------------------------------------- roles
     def _recipe(self, rid: int) -> ReplicaRecipe:
         j = self.job
-        return ReplicaRecipe(rid, self.cfg.replicas_started, j.model_fn, j.train_data, self.cfg.batch_size,
+        shares = 1 if self.elastic else self.cfg.replicas_started  # elastic: each its own order over all the data
+        return ReplicaRecipe(rid, shares, j.model_fn, j.train_data, self.cfg.batch_size,
                              self.cfg.seed, self._settings_for(rid), j.loss_fn, clocks=self.clocks)
 
     def _settings_for(self, rid: int) -> ReplicaSettings:
@@ -353,6 +362,7 @@ class ParameterServerTrainer:
             self.clocks.retire(rid)  # a dead replica holds no one back (its successor joins when it runs)
         if decision is Decision.DROP:
             st.alive = False
+            self._ceiling -= 1  # elastic: not replaced under a new id either
             alive = sum(s.alive for s in self.replicas.values())
             self.rec.log(f"replica {rid} exhausted its {self.supervisor.policy.max_restarts} restarts; "
                          f"continuing with {alive} replicas")
@@ -369,6 +379,13 @@ class ParameterServerTrainer:
                 self.supervisor.cancel(rid)
                 st.alive = False
                 continue
+            if self.elastic and not self.elastic.can_restart(self.runtime.free_replica_slots()):
+                self.supervisor.cancel(rid)
+                st.alive = False
+                self._event({"event": "replica removed", "id": rid, "time": time.time()})
+                self.rec.log(f"elastic: replica {rid} removed (no free CPU to restart it on: its node left); "
+                             f"{self._active()} replicas go on")
+                continue
             st.base_steps = st.steps
             st.role = self._start_replica(rid)
             n = self.supervisor.restarted(rid)
@@ -376,6 +393,37 @@ class ParameterServerTrainer:
             self.rec.log(f"replica {rid} restarted (restart {n}/{self.supervisor.policy.max_restarts}); "
                          f"it rejoins from the server's parameters")
             self._rejoin(rid)
+
+    # ---------------------------------------------------------------- elastic replicas
+    def _active(self) -> int:
+        return sum(st.alive for st in self.replicas.values())
+
+    def _scale(self, rids: list[int]) -> None:
+        """Elastic Downpour, once per supervision tick (at most every 0.5 s): add the replicas the free CPUs hold
+        (up to MAX) to the running phase ``rids``, and note each new replica's first applied push."""
+        now = time.monotonic()
+        if self.elastic is None or not self._scaling or now < self._next_scale or self._should_stop():
+            return
+        self._next_scale = now + 0.5
+        for rid in [r for r in self._added_at if self.replicas[r].running]:
+            try:
+                first = self.runtime.call(self.replicas[rid].role, "stats").result(10.0).get("first_push_time")
+            except (RoleFailedError, RemoteTimeoutError):
+                continue
+            if first is not None:
+                after = max(0.0, first - self._added_at.pop(rid))
+                self.first_push_s.append(round(after, 3))
+                self._event({"event": "replica first push", "id": rid, "after_s": round(after, 3)})
+        for _ in range(self.elastic.to_add(self._active(), self.runtime.free_replica_slots(), self._ceiling)):
+            rid = max(self.replicas, default=-1) + 1
+            t0 = time.time()
+            self.replicas[rid] = st = _ReplicaState(role=self._start_replica(rid))
+            st.phase_limit = self.cfg.max_steps or None
+            self._run_replica(rid, st.phase_limit)
+            rids.append(rid)
+            self._added_at[rid] = t0
+            self._event({"event": "replica added", "id": rid, "time": t0})
+            self.rec.log(f"elastic: replica {rid} added (free CPUs appeared); {self._active()} replicas")
 
     def _rejoin(self, rid: int) -> None:
         """A restarted replica takes up its phase where its predecessor left it."""
@@ -415,6 +463,7 @@ class ParameterServerTrainer:
                     except (RoleFailedError, RemoteTimeoutError) as e:
                         self._handle_failure(rid, e)
             self._restart_due()
+            self._scale(rids)
             self._maybe_inject_fault()
             self._check_shards()
             if self.clock.elapsed() >= next_eval:
@@ -463,14 +512,19 @@ class ParameterServerTrainer:
         cfg = self.cfg
         max_steps = cfg.max_steps or None
         self._wait_shards_ready()
-        self.rec.log(f"starting {cfg.replicas} replicas x {cfg.shards} shards on the {self.runtime.name} runtime "
+        count = cfg.replicas
+        if self.elastic:
+            count = self.elastic.initial(self.runtime.free_replica_slots())
+            self.rec.log(f"elastic: {count} replicas to start with ({cfg.replicas}:{cfg.max_replicas}, as the free "
+                         f"CPUs hold)")
+        self.rec.log(f"starting {count} replicas x {cfg.shards} shards on the {self.runtime.name} runtime "
                      f"({self.total:,} parameters)")
-        for rid in range(cfg.replicas):
+        for rid in range(count):
             self.replicas[rid] = self._new_replica_state(rid)
         self._choose_evaluation()
         self.clock = Clock(offset_s=self.prev.get("wall_s", 0.0))
         next_eval = self.clock.elapsed() + cfg.eval_every_seconds
-        if cfg.warmstart_steps and cfg.replicas > 1 and not self.prev.get("warmstart_done"):
+        if cfg.warmstart_steps and count > 1 and not self.prev.get("warmstart_done"):
             self.rec.log(f"warmstart: replica 0 trains alone for {cfg.warmstart_steps} steps")
             next_eval = self._supervise([0], cfg.warmstart_steps, next_eval)
             self.replicas[0].finished = False
@@ -479,10 +533,11 @@ class ParameterServerTrainer:
         self._warmstart_done = True
         limits = None
         if max_steps is not None:  # max_steps counts each replica's steps after warmstart, across resumes
-            ws = cfg.warmstart_steps if cfg.replicas > 1 else 0
+            ws = cfg.warmstart_steps if count > 1 else 0
             limits = {rid: max(0, max_steps - (st.steps - (ws if rid == 0 else 0)))
                       for rid, st in self.replicas.items()}
-        self._supervise(list(range(cfg.replicas)), limits, next_eval)
+        self._scaling = True
+        self._supervise(list(range(count)), limits, next_eval)
 
     def _stop_all_replicas(self) -> None:
         futs = []
@@ -557,6 +612,10 @@ class ParameterServerTrainer:
             clock_wait_s=round(sum(s.get("clock_wait_s", 0.0) for s in latest), 3) if ssp else None,
             backup_replicas=cfg.backup_replicas if cfg.strategy == "sync" else None,
             dropped_gradients=self.dropped_gradients if cfg.strategy == "sync" else None,
+            max_replicas=cfg.max_replicas or None,
+            replicas_added=sum(e["event"] == "replica added" for e in self.events) if self.elastic else None,
+            replicas_removed=sum(e["event"] == "replica removed" for e in self.events) if self.elastic else None,
+            replica_first_push_s=list(self.first_push_s) if self.elastic else None,
             # the data plane (Downpour's client loop; sync replicas answer one call per step)
             push_fetch_calls=sum(s.get("push_fetches", 0) for s in latest) if asynchronous else None,
             replicas_zero_copy=sum(bool(s.get("zero_copy")) for s in latest) if asynchronous else None,

@@ -265,6 +265,11 @@ class Runtime(ABC):
         by this runtime can use wherever they live."""
         raise ConfigError("consistency", f"the {self.name} runtime cannot run stale-synchronous replicas")
 
+    def free_replica_slots(self) -> int | None:
+        """How many more replicas the runtime could place right now (elastic Downpour); None: no limit (threads
+        in one process)."""
+        return None
+
     def driver_spare_cpus(self, replicas: list[Role], threads_per_replica: int) -> float:
         """Cores on the driver's machine left free by the replicas placed there; the driver evaluates on them
         while training goes on when at least one is free. None by default: roles share the driver's cores."""

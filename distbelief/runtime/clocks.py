@@ -52,6 +52,18 @@ class ClockTable:
             return True
         return clock - min(self.clocks.values()) <= self.bound
 
+    def report(self, rid: int, clock: int) -> int:
+        """``rid`` completed ``clock`` steps (and will start the next once allowed): record it and return the
+        slowest live clock, which never decreases — a replica that knows it ``m`` may start any step at a clock
+        ``<= m + bound`` without asking again."""
+        if rid not in self.clocks:
+            return clock
+        self.clocks[rid] = max(self.clocks[rid], clock)
+        low = min(self.clocks.values())
+        if clock - low <= self.bound:
+            self.gap_max = max(self.gap_max, clock - low)
+        return low
+
     def enter(self, rid: int, clock: int, first_try: bool = True) -> bool:
         """``rid`` completed ``clock`` steps and asks to start the next: records the clock and answers
         ``allowed``; when allowed, the step's gap counts towards ``gap_max``."""
@@ -75,14 +87,17 @@ class ClockGate(ABC):
     @abstractmethod
     def join(self, rid: int) -> int: ...
 
-    @abstractmethod
-    def request(self, rid: int, clock: int) -> Future:
-        """Record that ``rid`` completed ``clock`` steps and ask to start the next, without waiting: the
-        future's result is True when it may start now (sent at the end of a step, it travels with the fetch)."""
+    bound: int
 
     @abstractmethod
-    def wait(self, rid: int, clock: int, timeout_s: float) -> bool:
-        """Wait up to ``timeout_s`` until ``rid`` at ``clock`` may start its next step; False if not yet."""
+    def report(self, rid: int, clock: int) -> Future:
+        """Record that ``rid`` completed ``clock`` steps, without waiting; the future's result is the slowest live
+        clock then (``ClockTable.report``). Sent at the end of each step; read only when needed."""
+
+    @abstractmethod
+    def wait(self, rid: int, clock: int, timeout_s: float, first_try: bool = False) -> bool:
+        """Wait up to ``timeout_s`` until ``rid`` at ``clock`` may start its next step; False if not yet.
+        ``first_try``: the first time this step asks (counted in ``clock_waits`` if it must wait)."""
 
     @abstractmethod
     def retire(self, rid: int) -> None:
@@ -97,6 +112,7 @@ class LocalClocks(ClockGate):
 
     def __init__(self, bound: int):
         self.table = ClockTable(bound)
+        self.bound = bound
         self._cond = threading.Condition()
 
     def join(self, rid: int) -> int:
@@ -105,15 +121,17 @@ class LocalClocks(ClockGate):
             self._cond.notify_all()
             return start
 
-    def request(self, rid: int, clock: int) -> Future:
+    def report(self, rid: int, clock: int) -> Future:
         with self._cond:
-            ok = self.table.enter(rid, clock)
+            low = self.table.report(rid, clock)
             self._cond.notify_all()  # our progress may let others go
-            return Done(ok)
+            return Done(low)
 
-    def wait(self, rid: int, clock: int, timeout_s: float) -> bool:
+    def wait(self, rid: int, clock: int, timeout_s: float, first_try: bool = False) -> bool:
         deadline = time.monotonic() + timeout_s
         with self._cond:
+            if self.table.enter(rid, clock, first_try):
+                return True
             while not self.table.enter(rid, clock, first_try=False):
                 left = deadline - time.monotonic()
                 if left <= 0:

@@ -222,6 +222,12 @@ class ClockActor:
             self.changed.notify_all()
             return start
 
+    async def report(self, rid: int, clock: int) -> int:
+        async with self.changed:
+            low = self.table.report(rid, clock)
+            self.changed.notify_all()
+            return low
+
     async def enter(self, rid: int, clock: int, timeout_s: float, first_try: bool) -> bool:
         import asyncio
 
@@ -251,17 +257,17 @@ class ClockActor:
 class RayClocks(ClockGate):
     """A handle on a ClockActor (picklable: it travels to the replicas with their recipe)."""
 
-    def __init__(self, actor, timeout_s: float):
-        self.actor, self.timeout_s = actor, timeout_s
+    def __init__(self, actor, bound: int, timeout_s: float):
+        self.actor, self.bound, self.timeout_s = actor, bound, timeout_s
 
     def join(self, rid: int) -> int:
         return _RayFuture(self.actor.join.remote(rid), "the clock table").result(self.timeout_s)
 
-    def request(self, rid: int, clock: int) -> Future:
-        return _RayFuture(self.actor.enter.remote(rid, clock, 0.0, True), "the clock table")
+    def report(self, rid: int, clock: int) -> Future:
+        return _RayFuture(self.actor.report.remote(rid, clock), "the clock table")
 
-    def wait(self, rid: int, clock: int, timeout_s: float) -> bool:
-        return _RayFuture(self.actor.enter.remote(rid, clock, timeout_s, False), "the clock table").result(
+    def wait(self, rid: int, clock: int, timeout_s: float, first_try: bool = False) -> bool:
+        return _RayFuture(self.actor.enter.remote(rid, clock, timeout_s, first_try), "the clock table").result(
             timeout_s + self.timeout_s)
 
     def retire(self, rid: int) -> None:
@@ -673,10 +679,18 @@ class RayRuntime(Runtime):
         self._actors.append(actor)
         return Role("replica", replica_id, actor)
 
+    def free_replica_slots(self) -> int:
+        """Replicas the cluster's free CPUs (and GPUs, for replicas that ask for one) would hold now."""
+        free = ray.available_resources()
+        slots = int(free.get("CPU", 0.0) / self.replica_cpus + 1e-6) if self.replica_cpus > 0 else 1 << 20
+        if self.replica_gpus > 0:
+            slots = min(slots, int(free.get("GPU", 0.0) / self.replica_gpus + 1e-6))
+        return slots
+
     def create_clocks(self, bound: int) -> RayClocks:
         actor = ClockActor.options(max_restarts=0).remote(bound)
         self._actors.append(actor)
-        return RayClocks(actor, self.remote_timeout_s)
+        return RayClocks(actor, bound, self.remote_timeout_s)
 
     def wait_ready(self, roles: list[Role]) -> None:
         for r in roles:

@@ -21,6 +21,17 @@ def test_a_replica_waits_once_it_is_more_than_the_bound_ahead_of_the_slowest():
     assert t.gap_max == 2 and t.waits == 1
 
 
+def test_a_report_returns_the_slowest_live_clock_which_never_decreases():
+    t = ClockTable(bound=1)
+    t.join(0), t.join(1)
+    lows = [t.report(0, 1), t.report(0, 2), t.report(1, 1), t.report(1, 2), t.report(0, 3)]
+    assert lows == [0, 0, 1, 2, 2] and lows == sorted(lows)
+    assert t.gap_max == 1  # replica 0 at 2 against 0 was over the bound: not counted as a step it started
+    t.retire(1)
+    assert t.report(0, 3) == 3 and t.join(1) == 3  # a joiner starts at the slowest: the minimum holds
+    assert t.report(7, 99) == 99  # not live: never held, never counted
+
+
 def test_bound_zero_is_lockstep():
     t = ClockTable(bound=0)
     t.join(0), t.join(1)
@@ -59,9 +70,10 @@ def test_threads_never_run_more_than_the_bound_ahead_of_the_slowest():
         joined.wait(5)
         for step in range(steps):
             clock = base + step
-            if not clocks.request(rid, clock).result(5):
-                while not clocks.wait(rid, clock, 0.05):
-                    pass
+            clocks.report(rid, clock).result(5)
+            first = True
+            while not clocks.wait(rid, clock, 0.05, first_try=first):
+                first = False
             with lock:
                 live = [progress[r] for r in progress if r in clocks.table.clocks]
                 seen_gaps.append(clock - min(live))
