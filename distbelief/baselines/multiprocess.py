@@ -15,6 +15,9 @@ trains the driver's shared-memory model), then resumes both. Evaluation thus nei
 for the cores nor counts as training time: examples/s and time-to-accuracy are training time. Metrics records
 and summary fields are Downpour's, less those that do not apply (DDP: no shards, no staleness; neither
 restarts a worker nor refuses a gradient).
+Module buffers (BatchNorm's running statistics) live in the same shared memory as the parameters: Hogwild's
+workers all update the driver's (lock-free, like the parameters), DDP's are rank 0's (which DDP broadcasts to the
+other ranks at every forward). Evaluations and the returned model use them (docs/api.md, "Module buffers").
 Workers are torch.multiprocessing processes, not Ray roles (nothing here imports ray). This module is the
 driver; the workers' code is in ``workers.py``, their shared progress block in ``progress.py``.
 """
@@ -34,6 +37,7 @@ from distbelief.baselines.progress import DONE, READY, SharedProgress
 from distbelief.baselines.single import make_torch_optimizer
 from distbelief.baselines.workers import (WorkerSpec, ddp_worker, hogwild_worker, param_digest, startup_timeout_s,
                                           worker_main)
+from distbelief.buffers import buffers_of
 from distbelief.evaluation import evaluate_job
 from distbelief.exceptions import DistBeliefError, RemoteTimeoutError, RoleFailedError
 from distbelief.metrics import Clock, EvalSchedule, RunRecorder
@@ -54,7 +58,16 @@ class MultiprocessRun:
         self.progress = SharedProgress(cfg.replicas)
         torch.manual_seed(cfg.seed)  # the same initial parameters as --strategy sgd
         self.model = job.model_fn()
-        self.model.share_memory()  # the workers (hogwild) or rank 0 (ddp) update these very tensors in place
+        # The workers (hogwild) or rank 0 (ddp) update these very tensors in place: the parameters, and the module
+        # buffers too (Module.share_memory moves both). Hogwild's buffers are thus shared like its parameters:
+        # every worker's forward updates the one set of BatchNorm statistics in place, without a lock (an update
+        # can be lost in a race, as a parameter update can; the statistics stay a running average of the
+        # workers' batches). That needs no machinery at all, where averaging private copies as Downpour does
+        # would need every worker to send its buffers to the driver at every evaluation. DDP's run buffers are
+        # rank 0's (broadcast to every rank at each forward), which rank 0 keeps in this model. Either way the
+        # driver evaluates and returns the live buffers. (A module that replaces a buffer tensor rather than
+        # updating it in place would leave the shared one behind; BatchNorm updates in place.)
+        self.model.share_memory()
         self.num_parameters = sum(p.numel() for p in self.model.parameters())
         check_picklable(job)
         self.procs: dict[int, Any] = {}
@@ -290,7 +303,7 @@ class MultiprocessRun:
                 self.stop_reason = "time budget spent"
                 return
 
-    def run(self) -> tuple[RunSummary, torch.Tensor, None]:
+    def run(self) -> tuple[RunSummary, torch.Tensor, dict | None]:
         cfg = self.cfg
         torch.set_num_threads(1)  # the driver only evaluates; leave the cores to the workers
         self.rec.log(f"{self.strategy}: starting {cfg.replicas} worker processes "
@@ -322,11 +335,13 @@ class MultiprocessRun:
         final = self._record()
         summary = self._summary(final, wall)
         flat = flatten(self.model)  # a new vector (torch.cat copies), not a view of the shared memory
+        buffers = buffers_of(self.model) or None  # copies of the shared buffers the last evaluation used
         if failure is not None:
             summary.error = str(failure)
-            self.rec.finish(summary.to_dict(), flat)  # the partial run is still a valid run directory
+            # the partial run is still a valid run directory
+            self.rec.finish(summary.to_dict(), flat, buffers=buffers)
             raise failure
-        return summary, flat, None  # module buffers are the workers' own; not carried (docs/api.md)
+        return summary, flat, buffers
 
     def _summary(self, final: dict, wall: float) -> RunSummary:
         """Hogwild's workers update one shared vector (one "shard", with staleness); DDP's ranks have no owner
@@ -359,8 +374,9 @@ class MultiprocessRun:
                                      else len(set(digests + [param_digest(self.model)])) == 1)
         return summary
 
-def run_hogwild(job, recorder: RunRecorder) -> tuple[RunSummary, torch.Tensor, None]:
-    """Hogwild! over ``job.cfg.replicas`` processes sharing the parameters lock-free. Returns (summary, flat).
+def run_hogwild(job, recorder: RunRecorder) -> tuple[RunSummary, torch.Tensor, dict | None]:
+    """Hogwild! over ``job.cfg.replicas`` processes sharing the parameters (and module buffers) lock-free.
+    Returns (summary, flat, buffers): buffers None where the model has none.
 
     Raises RoleFailedError / RemoteTimeoutError naming the worker when a worker fails to start, or when every
     worker has failed (the run directory is still written). The user's script needs the usual
@@ -369,9 +385,10 @@ def run_hogwild(job, recorder: RunRecorder) -> tuple[RunSummary, torch.Tensor, N
     return MultiprocessRun(job, recorder, "hogwild").run()
 
 
-def run_ddp(job, recorder: RunRecorder) -> tuple[RunSummary, torch.Tensor, None]:
+def run_ddp(job, recorder: RunRecorder) -> tuple[RunSummary, torch.Tensor, dict | None]:
     """Synchronous data parallelism with DistributedDataParallel (gloo, CPU) over ``job.cfg.replicas`` ranks
-    on this machine. Returns (summary, flat) with rank 0's final parameters.
+    on this machine. Returns (summary, flat, buffers) with rank 0's final parameters and module buffers (None
+    where the model has none).
 
     Raises RoleFailedError / RemoteTimeoutError naming the rank when any rank fails or hangs (the run
     directory is still written with the partial results).

@@ -148,7 +148,9 @@ def ddp_worker(rank: int, spec: WorkerSpec, progress: SharedProgress, port: int,
                             timeout=timedelta(seconds=startup_timeout_s(cfg.remote_timeout_s)))
     if model is None:
         model = spec.model_fn()
-    ddp = DistributedDataParallel(model)  # broadcasts rank 0's parameters and buffers to every rank
+    # broadcasts rank 0's parameters and buffers to every rank now, and rank 0's buffers again at every forward
+    # (broadcast_buffers): rank 0's, in the driver's shared-memory model, are the run's (BatchNorm statistics)
+    ddp = DistributedDataParallel(model)
     torch.manual_seed(cfg.seed + 1009 * (rank + 1))  # dropout etc. differ per rank
     optimizer = make_torch_optimizer(cfg, ddp.parameters())
     batches = worker_batches(spec, rank)
