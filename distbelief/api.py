@@ -82,6 +82,10 @@ def check_stream(cfg: RunConfig, ds) -> None:
                                         f"strategies without partitions only: the partitions of a replica must "
                                         f"draw the same minibatches, which a stream does not promise; use a "
                                         f"map-style dataset with partitions={cfg.partitions}")
+    if cfg.max_replicas:
+        raise ConfigError("train_data", "an IterableDataset is split into one share per replica, which elastic "
+                                        "replicas (replicas = MIN:MAX) cannot keep as they come and go; use a "
+                                        "map-style dataset or a fixed replica count")
     replicas = 1 if cfg.strategy == "sgd" else cfg.replicas_started
     n = len(list(islice(iter(stream), replicas)))
     if n < replicas:

@@ -494,7 +494,8 @@ class ReplicaRecipe:
         model = self.model_fn()
         if stream_of(ds) is not None:  # an IterableDataset: the replica streams its share of it
             return model, StreamBatches(ds, self.replica_id, self.num_replicas, self.batch_size)
-        idx = replica_indices(len(ds), self.num_replicas, self.replica_id, self.seed)
+        # Elastic runs pass num_replicas = 1: every replica draws from the whole set, in an order of its own
+        idx = replica_indices(len(ds), self.num_replicas, self.replica_id % self.num_replicas, self.seed)
         return model, BatchSource(ds, idx, self.batch_size, seed=self.seed * 7919 + self.replica_id)
 
     def __call__(self, client) -> ModelReplica:

@@ -77,6 +77,8 @@ def test_sync_with_a_backup_replica_survives_a_dead_replica():
 
 
 @pytest.mark.slow
+@pytest.mark.ray
+@pytest.mark.usefixtures("ray_local")
 def test_ssp_and_sync_backups_on_ray(tmp_path):
     s = run(runtime="ray", consistency="ssp", staleness_bound=1, max_steps=30, out=str(tmp_path / "ssp"))
     assert s["steps_per_replica"] == [30, 30, 30] and s["clock_gap_max"] == 1 and s["clock_waits"] > 0

@@ -159,3 +159,11 @@ def test_a_test_stream_evaluates_as_the_same_items_in_a_map_style_dataset():
     head = TensorDataset(*[t[:50] for t in TEST.tensors])
     assert first.summary["final_test_accuracy"] == pytest.approx(evaluate(first.model, head)[0], abs=1e-12)
     assert evaluate(first.model, head)[0] != evaluate(first.model, TEST)[0]  # the subset, not the whole set
+
+
+def test_elastic_replicas_refuse_a_stream(tmp_path):
+    """A stream is cut into one share per replica; elastic replicas come and go, so it is refused up front."""
+    with pytest.raises(ConfigError, match="^train_data: .*elastic"):
+        train(make_odd_model, Stream(TRAIN), TEST, runtime="inprocess", replicas=1, max_replicas=3, shards=2,
+              max_steps=5, max_seconds=0, quiet=True, out=str(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()
