@@ -51,6 +51,8 @@ METHODS: dict[str, dict[str, Any]] = {
     "hogwild": dict(strategy="hogwild", replicas=2),
     "downpour": dict(strategy="downpour", replicas=2, shards=2),
     "ddp": dict(strategy="ddp", replicas=2),
+    # Not the default: Downpour with the baselines' update rule (like for like; never the headline ratio)
+    "downpour-sgd": dict(strategy="downpour", replicas=2, shards=2, optimizer="sgd"),
 }
 METHOD_LABELS = {
     "sgd-1": "single-process SGD, 1 thread",
@@ -58,6 +60,7 @@ METHOD_LABELS = {
     "hogwild": "Hogwild, 2 workers",
     "downpour": "Downpour, 2 replicas x 2 shards",
     "ddp": "torch DDP, 2 ranks",
+    "downpour-sgd": "Downpour, 2 replicas x 2 shards, --optimizer sgd (not the default)",
 }
 DEFAULT_METHODS = ("sgd-1", "sgd-2", "hogwild", "downpour")
 QUICK_METHODS = ("sgd-1", "downpour")

@@ -32,8 +32,7 @@ class SyncTrainer(ParameterServerTrainer):
         backups = f" (+{cfg.backup_replicas} backup)" if cfg.backup_replicas else ""
         self.rec.log(f"starting {cfg.replicas}{backups} synchronous replicas x {cfg.shards} shards on the "
                      f"{self.runtime.name} runtime ({self.total:,} parameters)")
-        for rid in range(started):
-            self.replicas[rid] = self._new_replica_state(rid)
+        self._start_replicas(started)
         self.clock = Clock(offset_s=self.prev.get("wall_s", 0.0))
         next_eval = self.clock.elapsed() + cfg.eval_every_seconds
         step = max([st.steps for st in self.replicas.values()] + [0])

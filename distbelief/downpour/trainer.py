@@ -160,6 +160,15 @@ class ParameterServerTrainer:
         return self.settings
 
     def _start_replica(self, rid: int) -> Role:
+        role = self._place_replica(rid)
+        self._await_built(role)
+        return role
+
+    def _await_built(self, role: Role) -> None:
+        # A replica that cannot even be built (bad model, bad data) fails here, with its own error.
+        self.runtime.call(role, "stats").result(max(self.timeout_s, 180.0))
+
+    def _place_replica(self, rid: int) -> Role:
         if self.cfg.partitions > 1:  # model parallelism: the replica is a group of partitions (distbelief.partition)
             from distbelief.partition.replica import PartitionRecipe
             j = self.job
@@ -169,18 +178,20 @@ class ParameterServerTrainer:
                                           self.cfg.partitions)
         else:
             role = self.runtime.create_replica(rid, self._recipe(rid), self.shards, self.layout, self.job.threads)
-        # A replica that cannot even be built (bad model, bad data) fails here, with its own error.
-        self.runtime.call(role, "stats").result(max(self.timeout_s, 180.0))
         return role
 
     def _wait_shards_ready(self) -> None:
         self.server.wait_ready(self._retired)
         self._retired = None
 
-    def _new_replica_state(self, rid: int) -> _ReplicaState:
+    def _start_replicas(self, count: int) -> None:
+        """Start replicas 0..count-1: all placed first, then awaited, so that their processes start together."""
         prev_steps = self.prev.get("steps_per_replica", [])
-        steps = prev_steps[rid] if rid < len(prev_steps) else 0
-        return _ReplicaState(role=self._start_replica(rid), steps=steps, base_steps=steps)
+        roles = [self._place_replica(rid) for rid in range(count)]
+        for rid, role in enumerate(roles):
+            self._await_built(role)
+            steps = prev_steps[rid] if rid < len(prev_steps) else 0
+            self.replicas[rid] = _ReplicaState(role=role, steps=steps, base_steps=steps)
 
     def _save_state(self) -> None:
         if not self.cfg.out:
@@ -414,10 +425,13 @@ class ParameterServerTrainer:
                 after = max(0.0, first - self._added_at.pop(rid))
                 self.first_push_s.append(round(after, 3))
                 self._event({"event": "replica first push", "id": rid, "after_s": round(after, 3)})
+        placed = []  # placed together, so that they are built at the same time
         for _ in range(self.elastic.to_add(self._active(), self.runtime.free_replica_slots(), self._ceiling)):
-            rid = max(self.replicas, default=-1) + 1
-            t0 = time.time()
-            self.replicas[rid] = st = _ReplicaState(role=self._start_replica(rid))
+            rid = max([*self.replicas, *(r for r, _, _ in placed)], default=-1) + 1
+            placed.append((rid, time.time(), self._place_replica(rid)))
+        for rid, t0, role in placed:
+            self._await_built(role)
+            self.replicas[rid] = st = _ReplicaState(role=role)
             st.phase_limit = self.cfg.max_steps or None
             self._run_replica(rid, st.phase_limit)
             rids.append(rid)
@@ -519,8 +533,7 @@ class ParameterServerTrainer:
                          f"CPUs hold)")
         self.rec.log(f"starting {count} replicas x {cfg.shards} shards on the {self.runtime.name} runtime "
                      f"({self.total:,} parameters)")
-        for rid in range(count):
-            self.replicas[rid] = self._new_replica_state(rid)
+        self._start_replicas(count)
         self._choose_evaluation()
         self.clock = Clock(offset_s=self.prev.get("wall_s", 0.0))
         next_eval = self.clock.elapsed() + cfg.eval_every_seconds
