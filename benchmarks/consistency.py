@@ -91,8 +91,11 @@ def straggler(out: Path, steps: int, log=print) -> list[dict]:
         cfg = RunConfig(**common, **extra, out=str(run_dir))
         res = train_task(cfg, quiet=True, faults=Faults(straggler_id=2, straggler_slowdown=4.0))
         s = res.summary
-        # sync: lockstep steps per second; async/ssp: a replica's mean steps per second
-        step_rate = sum(s["steps_per_replica"]) / len(s["steps_per_replica"]) / s["wall_s"]
+        # sync: lockstep steps per second (one update per shard per step); async/ssp: a replica's mean steps/s
+        if s["strategy"] == "sync":
+            step_rate = s["updates"] / common["shards"] / s["wall_s"]
+        else:
+            step_rate = sum(s["steps_per_replica"]) / len(s["steps_per_replica"]) / s["wall_s"]
         rows.append({"condition": name, "steps_per_s": step_rate, "wall_s": s["wall_s"],
                      "steps_per_replica": s["steps_per_replica"], "updates": s["updates"],
                      "examples_per_s": s["examples_per_s"], "dropped_gradients": s.get("dropped_gradients"),

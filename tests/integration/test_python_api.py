@@ -163,17 +163,3 @@ def test_loader_workers_prepare_the_same_batches_in_the_same_order():
     assert torch.equal(inline.flat_params, ahead.flat_params)
     with pytest.raises(ConfigError, match="^loader_workers: must be an integer >= 0"):
         train(make_odd_model, tr, te, loader_workers=-1, **one)
-
-
-class Stream(torch.utils.data.IterableDataset):
-    def __iter__(self):
-        yield from zip(*TRAIN.tensors)
-
-
-def test_an_iterable_dataset_trains_or_is_refused_with_what_to_use_instead():
-    # tests/integration/test_iterable_data.py covers streams in depth
-    res = train(make_odd_model, Stream(), TEST, strategy="sgd", max_steps=2, max_seconds=0, quiet=True)
-    assert res.summary["steps_per_replica"] == [2] and res.summary["examples"] == 64
-    with pytest.raises(ConfigError, match="^train_data: an IterableDataset is streamed by the sgd, sync, downpour "
-                                          "strategies only; sandblaster needs a map-style dataset"):
-        train(make_odd_model, Stream(), TEST, strategy="sandblaster", max_steps=2, max_seconds=0, quiet=True)
