@@ -100,7 +100,7 @@ def straggler(out: Path, steps: int, log=print) -> list[dict]:
                      "steps_per_replica": s["steps_per_replica"], "updates": s["updates"],
                      "examples_per_s": s["examples_per_s"], "dropped_gradients": s.get("dropped_gradients"),
                      "clock_waits": s.get("clock_waits"), "clock_gap_max": s.get("clock_gap_max")})
-        log(f"[straggler] {name}: {step_rate:.2f} steps/s (a replica's mean over {s['wall_s']:.1f}s), "
+        log(f"[straggler] {name}: {step_rate:.2f} steps/s over {s['wall_s']:.1f}s, "
             f"{s['examples_per_s']:.0f} examples/s, dropped {s.get('dropped_gradients')}")
     return rows
 
