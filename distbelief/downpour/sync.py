@@ -84,8 +84,9 @@ class SyncTrainer(ParameterServerTrainer):
                 call(rid)
         grads: list = []
         while True:
-            mine = [rid for rid, (_, s, _) in calls.items() if s == step]
-            if len(grads) >= self.cfg.replicas or not mine:
+            # Done with R gradients, or when no call is left (fewer than R replicas live). A call still busy with
+            # an older step is waited for: its answer is dropped and the replica called again for this one.
+            if len(grads) >= self.cfg.replicas or not calls:
                 return grads
             now = time.monotonic()
             for rid, (_, _, t) in list(calls.items()):  # no answer within remote_timeout_s: failed
