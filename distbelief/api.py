@@ -57,7 +57,7 @@ def _resolve_threads(cfg: RunConfig) -> int:
     cores = os.cpu_count() or 1
     if cfg.strategy == "sgd":
         return cores
-    return max(1, cores // cfg.replicas_started)
+    return max(1, cores // max(cfg.replicas_started, cfg.max_replicas))  # elastic: as if all MAX were here
 
 
 STREAM_STRATEGIES = ("sgd", "sync", "downpour")  # those that stream an IterableDataset (data/batches.py)
