@@ -28,6 +28,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from distbelief.buffers import buffers_of
 from distbelief.data.batches import BatchSource
 from distbelief.exceptions import ReplicaKilled
 from distbelief.ps.sharding import bind_flat
@@ -105,6 +106,11 @@ class SandblasterReplica:
         return {"replica_id": self.replica_id, "portions": self.portions, "examples": self.examples,
                 "fetches": self.fetches, "pushes": self.pushes, "compute_s": self.compute_s,
                 "held": len(self.held), "steps": self.portions, "loss_ema": self.last_loss}
+
+    def module_buffers(self) -> dict:
+        """This replica's module buffers (BatchNorm statistics, updated by the forward passes of its portions),
+        as numpy arrays by name; the driver averages the replicas' (buffers.py)."""
+        return {name: b.numpy() for name, b in buffers_of(self.model).items()}
 
     # ---------------------------------------------------------------- portions
     def _check_alive(self) -> None:

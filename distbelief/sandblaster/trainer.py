@@ -22,8 +22,9 @@ from pathlib import Path
 
 import torch
 
+from distbelief.buffers import average, buffers_of, load_buffers
 from distbelief.evaluation import evaluate_job
-from distbelief.exceptions import ConfigError
+from distbelief.exceptions import ConfigError, RemoteTimeoutError, RoleFailedError
 from distbelief.job import Job, materialize
 from distbelief.metrics import Clock, EvalSchedule, RunRecorder
 from distbelief.ps.shard import ParameterShard
@@ -90,6 +91,7 @@ class SandblasterTrainer:
         self.job, self.runtime, self.rec = job, runtime, recorder
         cfg = self.cfg = job.cfg
         self.timeout_s = cfg.remote_timeout_s
+        self.final_buffers: dict | None = None  # the replicas' module buffers, averaged at each evaluation
         torch.manual_seed(cfg.seed)
         self.eval_model = job.model_fn()
         init = flatten(self.eval_model)
@@ -240,9 +242,26 @@ class SandblasterTrainer:
     def server_params(self) -> torch.Tensor:
         return read_params(self.client, self.total, self.timeout_s)
 
+    def _gather_buffers(self) -> None:
+        """The replicas' module buffers (BatchNorm statistics), averaged into the evaluation model (buffers.py);
+        evaluations happen between L-BFGS iterations, so the replicas are idle."""
+        if not buffers_of(self.eval_model) or self.coord is None:
+            return
+        futs = [self.runtime.call(slot.role, "module_buffers") for slot in self.coord.slots.values()]
+        got = []
+        for f in futs:
+            try:
+                got.append({k: torch.as_tensor(v) for k, v in f.result(self.timeout_s).items()})
+            except (RoleFailedError, RemoteTimeoutError):
+                continue  # a replica that died: it is replaced; the others' buffers serve
+        if got:
+            self.final_buffers = average(got)
+            load_buffers(self.eval_model, self.final_buffers)
+
     def evaluate_now(self) -> dict:
         wall = self.clock.elapsed()
         unflatten_into(self.eval_model, self.server_params())
+        self._gather_buffers()
         acc, test_loss, train_acc = evaluate_job(self.eval_model, self.job)
         c = self.coord.stats()
         examples = c["examples"]
@@ -355,8 +374,7 @@ class SandblasterTrainer:
             final_train_loss=c["loss"], lbfgs_batch=batch, portion_size=cfg.portion_size, history=cfg.history,
             mean_iteration_s=wall / c["iterations"] if c["iterations"] else None,
         )
-        self.final_flat = flat
-        self.final_buffers = None  # replicas' module buffers are not carried (docs/api.md)
+        self.final_flat = flat  # final_buffers: the replicas' average at the final evaluation
         return summary
 
     def _iterate(self, coord: Coordinator) -> None:

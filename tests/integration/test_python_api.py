@@ -65,14 +65,19 @@ def bn_model():
     return nn.Sequential(nn.Linear(7, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 3))
 
 
-@pytest.mark.parametrize("strategy", ["downpour", "sgd"])
+@pytest.mark.parametrize("strategy", ["downpour", "sgd", "sandblaster"])
 def test_batchnorm_statistics_are_kept_used_and_saved(strategy, tmp_path):
     from safetensors.torch import load_file
 
-    res = train(bn_model, TRAIN, TEST, strategy=strategy, runtime="inprocess", replicas=2, shards=2, batch_size=16,
-                max_steps=30, max_seconds=0, eval_every_seconds=0.01, quiet=True, out=str(tmp_path / "run"))
+    extra = dict(lbfgs_batch=64, portion_size=16, max_steps=4) if strategy == "sandblaster" else \
+        dict(batch_size=16, max_steps=30)
+    res = train(bn_model, TRAIN, TEST, strategy=strategy, runtime="inprocess", replicas=2, shards=2, max_seconds=0,
+                eval_every_seconds=0.01, quiet=True, out=str(tmp_path / "run"), **extra)
     bn = res.model[1]
-    assert int(bn.num_batches_tracked) == 30  # the replicas' counts combine by their maximum
+    if strategy != "sandblaster":
+        assert int(bn.num_batches_tracked) == 30  # the replicas' counts combine by their maximum
+    else:  # every portion's forward passes count (gradient and line-search evaluations)
+        assert int(bn.num_batches_tracked) > 4
     assert not torch.equal(bn.running_mean, torch.zeros(16)) and not torch.equal(bn.running_var, torch.ones(16))
     # the final evaluation used these statistics: the recorded accuracy is the eval-mode accuracy of the result
     x, y = TEST.tensors
