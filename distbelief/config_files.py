@@ -19,9 +19,9 @@ from distbelief.exceptions import ConfigError
 # (a run directory's config.toml does); in a section, a setting must be one of that section's.
 SECTIONS: dict[str, tuple[str, ...]] = {
     "task": ("task", "model", "num_samples", "num_classes", "class_prior"),
-    "run": ("strategy", "replicas", "max_replicas", "shards", "partitions", "batch_size", "optimizer", "lr", "adagrad_eps",
-            "adagrad_initial_accumulator", "seed", "out", "tensorboard", "runtime", "threads", "init_params",
-            "device"),
+    "run": ("strategy", "replicas", "max_replicas", "shards", "partitions", "batch_size", "optimizer", "lr",
+            "adagrad_eps", "adagrad_initial_accumulator", "seed", "out", "tensorboard", "runtime", "threads",
+            "init_params", "device"),
     "stop": ("max_steps", "max_seconds", "target_accuracy"),
     "downpour": ("fetch_every", "push_every", "local_lr", "overlap", "staleness_aware", "warmstart_steps",
                  "max_replica_restarts", "consistency", "staleness_bound", "backup_replicas"),
