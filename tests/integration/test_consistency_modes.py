@@ -85,3 +85,23 @@ def test_ssp_and_sync_backups_on_ray(tmp_path):
     s = run(runtime="ray", consistency="sync", replicas=2, backup_replicas=1, max_steps=30,
             out=str(tmp_path / "sync"))
     assert s["updates"] == 30 * 2 and s["dropped_gradients"] > 0 and s["examples"] == 30 * 2 * 16
+
+
+@pytest.mark.parametrize("mode", [dict(consistency="ssp", staleness_bound=1),
+                                  dict(consistency="sync", replicas=2, backup_replicas=1)])
+def test_a_resumed_run_keeps_its_mode_and_counters(mode, tmp_path):
+    out = str(tmp_path / "run")
+    first = run(faults=None, max_steps=20, durability="snapshot", out=out, **mode)
+    again = train_task(RunConfig(**{**SMALL, **mode, "max_steps": 40, "durability": "snapshot", "out": out}),
+                       quiet=True, resume=True).summary
+    assert first["updates"] == 20 * (3 if mode["consistency"] == "ssp" else 1) * 2  # 2 shards
+    assert again["updates"] == 2 * first["updates"]  # the second half added as many updates as the first
+    if mode["consistency"] == "ssp":  # (sync's steps_per_replica counts each replica's gradients, dropped or not)
+        assert again["steps_per_replica"] == [40, 40, 40]
+    assert again["consistency"] == mode["consistency"]
+    if mode["consistency"] == "ssp":
+        assert again["clock_gap_max"] <= 1
+    else:
+        # each step drops its third gradient: the count goes on from the first half's, not from 0
+        assert 0 < first["dropped_gradients"] < again["dropped_gradients"]
+        assert again["dropped_gradients"] >= 2 * first["dropped_gradients"] - 1
