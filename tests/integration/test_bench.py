@@ -17,7 +17,7 @@ from distbelief.bench.recipes import QUICK
 from distbelief.bench.targets import evaluate_targets, time_to_target
 
 PY = [sys.executable, "-m", "distbelief.cli"]
-FIG4_METHODS = {"sgd-1", "sgd-all", "downpour-sgd", "downpour-adagrad", "hogwild"}
+FIG4_METHODS = {"sgd-1", "sgd-all", "downpour-sgd", "downpour-adagrad"}
 assert FIG4_METHODS <= set(QUICK.methods)
 
 
@@ -56,8 +56,8 @@ def test_fig3_quick(tmp_path):
 @pytest.mark.ray
 def test_fig4_quick_every_method_from_the_shared_warmstart(tmp_path):
     out = tmp_path / "fig4"
-    # The methods the targets are made of, plus Hogwild (every other method trains in tests of its own; fewer
-    # runs keep the suite under its 10 minutes).
+    # The methods the targets are made of (every other method trains in tests of its own; fewer runs keep the
+    # suite under its 10 minutes).
     r = subprocess.run(PY + ["bench", "fig4", "--quick", "--cores", "2", "--out", str(out), "--methods",
                              *sorted(FIG4_METHODS)], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -110,7 +110,7 @@ def test_progress_bar_on_a_terminal_plain_lines_without(tmp_path):
 
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 120, 0, 0))  # a 120x30 terminal
-    cmd = PY + ["train", "--runtime", "inprocess", "--max-seconds", "4", "--eval-every-seconds", "1",
+    cmd = PY + ["train", "--runtime", "inprocess", "--max-seconds", "3", "--eval-every-seconds", "1",
                 "--num-samples", "1000", "--out", str(tmp_path / "tty")]
     proc = subprocess.Popen(cmd, stdin=slave, stdout=slave, stderr=slave, close_fds=True)
     os.close(slave)
@@ -133,7 +133,7 @@ def test_progress_bar_on_a_terminal_plain_lines_without(tmp_path):
     # the bar's fields: updates, examples/s, last test accuracy, staleness, time left against --max-seconds
     for field in ("updates=", "ex/s=", "acc=0.", "staleness=", "left="):
         assert field in screen, field
-    assert "|" in screen and "/4s" in screen  # a bar against --max-seconds
+    assert "|" in screen and "/3s" in screen  # a bar against --max-seconds
     # Without a terminal: plain, periodic lines with the same pieces.
     r = subprocess.run(cmd[:-1] + [str(tmp_path / "plain")], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "updates=" not in r.stderr
