@@ -130,9 +130,8 @@ class LocalClocks(ClockGate):
     def wait(self, rid: int, clock: int, timeout_s: float, first_try: bool = False) -> bool:
         deadline = time.monotonic() + timeout_s
         with self._cond:
-            if self.table.enter(rid, clock, first_try):
-                return True
-            while not self.table.enter(rid, clock, first_try=False):
+            while not self.table.enter(rid, clock, first_try):
+                first_try = False
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False

@@ -543,6 +543,14 @@ class RayShardClient(ShardClient):
         return _ShardCalls(self, "push", args, transform=ack)
 
 
+def _warn(message: str, log: Callable[[str], None] | None) -> None:
+    """One warning line through the run's log, or on stderr without one."""
+    if log is not None:
+        log(f"warning: {message}")
+    else:
+        print(f"[distbelief] warning: {message}", file=sys.stderr, flush=True)
+
+
 class RayRuntime(Runtime):
     name = "ray"
 
@@ -602,10 +610,7 @@ class RayRuntime(Runtime):
             self.replica_cpus = share
         message = (f"{what} on {cpus:g} cores: running oversubscribed (each {unit} gets a share of a core; expect "
                    f"less than linear speed-up)")
-        if log is not None:
-            log(f"warning: {message}")
-        else:
-            print(f"[distbelief] warning: {message}", file=sys.stderr, flush=True)
+        _warn(message, log)
         return message
 
     def _check_gpus(self, num_replicas: int, log: Callable[[str], None] | None) -> None:
@@ -615,12 +620,8 @@ class RayRuntime(Runtime):
         if self.replica_gpus_if_free:
             self.replica_gpus = 1.0 if num_replicas and gpus >= num_replicas else 0.0
             if num_replicas and gpus and not self.replica_gpus:
-                message = (f"device auto: {num_replicas} replicas but {gpus:g} GPUs in the Ray cluster; the replicas "
-                           f"compute on the CPU")
-                if log is not None:
-                    log(f"warning: {message}")
-                else:
-                    print(f"[distbelief] warning: {message}", file=sys.stderr, flush=True)
+                _warn(f"device auto: {num_replicas} replicas but {gpus:g} GPUs in the Ray cluster; the replicas "
+                      f"compute on the CPU", log)
             return
         need = num_replicas * self.replica_gpus
         if need > gpus + 1e-9:
