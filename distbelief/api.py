@@ -262,6 +262,9 @@ def train(
     if resume and cfg.strategy in LOCAL_STRATEGIES:
         raise ConfigError("resume", f"{cfg.strategy} runs keep no checkpoints; resume a downpour, sync or "
                                     f"sandblaster run")
+    if resume and cfg.durability in ("off", "replicate") and cfg.strategy != "sandblaster":
+        raise ConfigError("resume", f"a run with --durability {cfg.durability} keeps no checkpoints; resume needs "
+                                    f"--durability snapshot or log")
     if resume and not (cfg.out and (Path(cfg.out) / "checkpoints").is_dir()):
         raise ConfigError("resume", f"{cfg.out or '(no run directory)'} has no checkpoints/ to resume from")
     from distbelief.data.loading import stream_of

@@ -35,7 +35,7 @@ STRATEGIES = ("sgd", "sync", "downpour", "sandblaster", "hogwild", "ddp")
 LOCAL_STRATEGIES = ("hogwild", "ddp")  # torch.multiprocessing baselines: this machine, no parameter server
 CONSISTENCY_MODES = ("async", "ssp", "sync")  # Downpour's consistency knob (docs/consistency.md)
 OPTIMIZERS = ("auto", "sgd", "adagrad")  # auto: adagrad on a parameter server (downpour, sync), sgd otherwise
-DURABILITY_MODES = ("off", "snapshot", "log")
+DURABILITY_MODES = ("off", "snapshot", "log", "replicate")
 EVALUATION_MODES = ("auto", "paused", "concurrent")
 RUNTIMES = ("ray", "inprocess")
 
@@ -263,6 +263,10 @@ class RunConfig:
                                                  "repeat its rate); use durability snapshot or off")
         if self.address and self.runtime != "ray":
             raise ConfigError("address", "--address needs the ray runtime (runtime = \"ray\")")
+        if self.durability == "replicate" and self.strategy == "sandblaster":
+            raise ConfigError("durability", "replicate keeps backups of Downpour's parameter shards (downpour and "
+                                            "sync); sandblaster recovers its shards from iteration checkpoints: "
+                                            "use durability snapshot or log (or off)")
 
     def _check_elastic(self) -> None:
         if not self.max_replicas:
@@ -419,7 +423,10 @@ FIELD_HELP: dict[str, str] = {
                   "saves its slice and optimizer state in the background every checkpoint_every_seconds; a "
                   "restarted shard loses the updates since its last snapshot, counted in updates_lost) or log "
                   "(snapshots plus a write-ahead log of every applied push: nothing acknowledged is lost, at a "
-                  "disk and throughput cost)",
+                  "disk and throughput cost) or replicate (each shard has a backup in another process, on another "
+                  "node where there is one, that applies every push before it is acknowledged; a dead shard's "
+                  "backup takes over at once and loses nothing; no disk, but no checkpoints to resume from; "
+                  "downpour and sync)",
     "checkpoint_every_seconds": "durability snapshot/log: each shard snapshots its slice and optimizer state this "
                                 "often (0 = not by time)",
     "checkpoint_every_updates": "durability snapshot/log: each shard also snapshots after this many updates (0 = "

@@ -80,6 +80,10 @@ class RunSummary:
     shard_restarts: int | None = None
     updates_lost: int | None = None
     shard_recovery_s: list[float] | None = None
+    # --durability replicate: backups made anew (after a failover or a backup's own failure); pushes re-sent to a
+    # shard that already had them, recognised and not applied again
+    backups_replaced: int | None = None
+    duplicate_pushes: int | None = None
 
     # -- model parallelism --
     partition_bytes_per_step: list[float] | None = None

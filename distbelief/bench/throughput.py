@@ -53,6 +53,9 @@ METHODS: dict[str, dict[str, Any]] = {
     "ddp": dict(strategy="ddp", replicas=2),
     # Not the default: Downpour with the baselines' update rule (like for like; never the headline ratio)
     "downpour-sgd": dict(strategy="downpour", replicas=2, shards=2, optimizer="sgd"),
+    # Not the default either: the cost of shard replication, against no durability at all
+    "downpour-off": dict(strategy="downpour", replicas=2, shards=2, durability="off"),
+    "downpour-replicate": dict(strategy="downpour", replicas=2, shards=2, durability="replicate"),
 }
 METHOD_LABELS = {
     "sgd-1": "single-process SGD, 1 thread",
@@ -61,6 +64,8 @@ METHOD_LABELS = {
     "downpour": "Downpour, 2 replicas x 2 shards",
     "ddp": "torch DDP, 2 ranks",
     "downpour-sgd": "Downpour, 2 replicas x 2 shards, --optimizer sgd (not the default)",
+    "downpour-off": "Downpour, 2 replicas x 2 shards, --durability off (not the default)",
+    "downpour-replicate": "Downpour, 2 replicas x 2 shards, --durability replicate (not the default)",
 }
 DEFAULT_METHODS = ("sgd-1", "sgd-2", "hogwild", "downpour")
 QUICK_METHODS = ("sgd-1", "downpour")

@@ -1,6 +1,8 @@
 """The run's parameter shards, from the driver's side: start them (fresh, or from a resumed run's checkpoints),
 read them, checkpoint them, and restart one whose process died — from its checkpoint and, with
-``--durability log``, its write-ahead log — while the replicas keep training.
+``--durability log``, its write-ahead log — while the replicas keep training. With ``--durability replicate``
+each shard has a backup in another process (ps/replication.py): a dead shard's backup takes its place, and a new
+backup is made for it.
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ from distbelief.runtime.base import Role, Runtime
 
 
 def durability_for(cfg) -> tuple[Durability | None, tempfile.TemporaryDirectory | None]:
-    """The shards' durability settings for ``cfg`` (None with ``--durability off``), and the temporary directory
-    that holds the checkpoints of a run without a run directory (kept alive by the caller)."""
-    if cfg.durability == "off":
+    """The shards' durability settings for ``cfg`` (None with ``--durability off`` or ``replicate``: no disk), and
+    the temporary directory that holds the checkpoints of a run without a run directory (kept alive by the
+    caller)."""
+    if cfg.durability in ("off", "replicate"):
         return None, None
     tmp = None
     if cfg.out:
@@ -68,6 +71,11 @@ class ServerShards:
                                   durability)
             self.roles.append(runtime.create_shard(k, factory))
         self.client = runtime.shard_client(self.roles, self.layout)
+        # --durability replicate: each shard's backup (None while it has none: before wait_ready, or after one died)
+        self.replicate = cfg.durability == "replicate"
+        self.backups: list[Role | None] = [None] * cfg.shards
+        self.spares: list[Role | None] = [None] * cfg.shards  # a started, blank next backup for each shard
+        self.backups_replaced = 0
         self.restarts = prev.get("shard_restarts", 0)
         self.updates_lost = prev.get("updates_lost", 0)
         self.recovery_s: list[float] = []
@@ -78,19 +86,81 @@ class ServerShards:
         before any push: a resume needs them) and drop a resumed run's retired checkpoints."""
         for s in self.roles:
             self.runtime.call(s, "stats").result(max(self.timeout_s, 180.0))
+        if self.replicate:
+            self._attach_backups(range(len(self.roles)))
         self.checkpoint()
         drop_retired(retired)
 
+    def _blank(self, k: int) -> Callable:
+        lo, hi = self.layout.range(k)
+        return partial(ParameterShard.blank, k, lo, hi, self.optimizer, self.total)
+
+    def _attach_backups(self, ids) -> None:
+        """Give shards ``ids`` a new backup each: its spare when there is one away from the shard's node, else a
+        new process (placed together, then awaited). Each receives its primary's whole state in the same call
+        that starts the forwarding, so it misses no update. Then each places a spare for next time."""
+        placed = {}
+        for k in ids:
+            spare, self.spares[k] = self.spares[k], None
+            if spare is not None and not self.runtime.same_node(spare, self.roles[k]):
+                placed[k] = spare
+                continue
+            if spare is not None:  # on the primary's node: no use against losing that node
+                self.runtime.kill(spare)
+            placed[k] = self.runtime.create_backup(k, self._blank(k), away_from=self.roles[k])
+        for k, role in placed.items():
+            try:
+                self.runtime.call(role, "stats").result(max(self.timeout_s, 180.0))
+            except RoleFailedError as e:  # a spare gone with its node: start one more
+                self.log(f"parameter shard {k}: its spare backup died ({e}); starting a new one")
+                role = self.runtime.create_backup(k, self._blank(k), away_from=self.roles[k])
+                self.runtime.call(role, "stats").result(max(self.timeout_s, 180.0))
+            self.runtime.call(self.roles[k], "attach_backup", self.runtime.backup_link(role)).result(self.timeout_s)
+            self.backups[k] = role
+        for k in placed:
+            # Started now, ready long before it is needed: a failover then costs a state copy, not a process
+            # start. Away from the backup's node, which is where the primary will be after a failover.
+            self.spares[k] = self.runtime.create_backup(k, self._blank(k), away_from=self.backups[k])
+
+    def _replace_backup(self, k: int, why: str) -> None:
+        """Shard ``k`` lost its backup (``why``): drop what is left of it and give the shard a new one."""
+        t0 = time.monotonic()
+        old, self.backups[k] = self.backups[k], None
+        if old is not None:
+            try:
+                self.runtime.kill(old)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        self.log(f"parameter shard {k}: {why}; copying it to a new backup")
+        self._attach_backups([k])
+        self.backups_replaced += 1
+        self.on_event({"event": "backup replaced", "id": k, "copy_s": round(time.monotonic() - t0, 3)})
+
     def check(self) -> None:
-        """Restart any shard whose process died (from its checkpoint + log), while the replicas keep going."""
+        """Restart any shard whose process died (from its checkpoint + log, or its backup), while the replicas keep
+        going; with ``--durability replicate``, give a new backup to any shard that lost its own."""
         futs = [(k, self.runtime.call(s, "stats")) for k, s in enumerate(self.roles)]
+        backups = [(k, b, self.runtime.call(b, "stats")) for k, b in enumerate(self.backups) if b is not None]
         for k, f in futs:
+            try:
+                st = f.result(self.timeout_s)
+            except RoleFailedError as e:
+                self.restart(k, e)
+                continue
+            if self.replicate and not st.get("has_backup") and self.backups[k] is not None:
+                self._replace_backup(k, "a push to its backup failed")
+        for k, b, f in backups:
+            if self.backups[k] is not b:  # promoted or replaced above
+                continue
             try:
                 f.result(self.timeout_s)
             except RoleFailedError as e:
-                self.restart(k, e)
+                self._replace_backup(k, f"its backup died ({e})")
 
-    def restart(self, k: int, err: Exception) -> None:
+    def restart(self, k: int, err: Exception) -> dict:
+        """Bring dead shard ``k`` back (its backup, or a new process from its checkpoint); its stats after."""
+        if self.replicate:
+            return self._fail_over(k, err)
         if self.durability is None:
             raise RoleFailedError(f"parameter shard {k} died ({err}) and --durability is off: its parameters are "
                                   f"lost (use --durability snapshot or log to survive this)") from err
@@ -125,6 +195,46 @@ class ServerShards:
         self.log(f"parameter shard {k} restored at version {st['updates']} (checkpoint "
                  f"{st['restored_from_version']} + {st['replayed_updates']} logged updates) in "
                  f"{self.recovery_s[-1]:.2f}s; updates lost: {lost}")
+        return st
+
+    def _fail_over(self, k: int, err: Exception) -> dict:
+        """``--durability replicate``: shard ``k``'s backup takes its place, with every update the dead one
+        acknowledged; the replicas re-send the rest (each push at most once: ps/replication.py). Then the shard
+        gets a new backup."""
+        backup = self.backups[k]
+        if backup is None:
+            raise RoleFailedError(f"parameter shard {k} died ({err}) while it had no backup (its last one had "
+                                  f"failed and was not replaced yet): its parameters are lost") from err
+        if self._restarts_by_id[k] >= self.cfg.max_shard_restarts:
+            raise RoleFailedError(f"parameter shard {k} died again after {self.cfg.max_shard_restarts} "
+                                  f"failovers (max_shard_restarts)") from err
+        t0 = time.monotonic()
+        self.log(f"parameter shard {k} died ({err}); its backup takes over")
+        try:
+            self.runtime.kill(self.roles[k])
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+        self.backups[k] = None
+        try:
+            st = self.runtime.call(backup, "stats").result(self.timeout_s)
+        except RoleFailedError as e:
+            raise RoleFailedError(f"parameter shard {k} died ({err}) and so did its backup ({e}): its parameters "
+                                  f"are lost") from e
+        self.roles[k] = backup
+        self.client.replace_shard(k, backup.handle)
+        acked = self.hand_over(k, backup.handle)
+        lost = max(0, acked - st["updates"])
+        failover_s = time.monotonic() - t0
+        self._restarts_by_id[k] += 1
+        self.restarts += 1
+        self.updates_lost += lost
+        self.recovery_s.append(failover_s)
+        self.on_event({"event": "shard failed over", "id": k, "updates_lost": lost, "version": st["updates"],
+                       "failover_s": round(failover_s, 3)})
+        self.log(f"parameter shard {k}: its backup took over at version {st['updates']} in {failover_s:.2f}s; "
+                 f"updates lost: {lost}")
+        self._replace_backup(k, "it has no backup now")
+        return st
 
     def read(self, fn):
         """Run a driver-side read of the shards; if a shard turns out dead, restart it and read again."""

@@ -28,6 +28,9 @@ class SyncTrainer(ParameterServerTrainer):
     def train(self) -> None:
         cfg = self.cfg
         self._wait_shards_ready()
+        # each shard's version after the last step applied: a step is re-applied to a restarted shard only if it
+        # lacks it (a backup, or a log replay, may hold it already)
+        self._versions = [st["updates"] for st in self.server.stats()]
         started = cfg.replicas_started
         backups = f" (+{cfg.backup_replicas} backup)" if cfg.backup_replicas else ""
         self.rec.log(f"starting {cfg.replicas}{backups} synchronous replicas x {cfg.shards} shards on the "
@@ -124,10 +127,11 @@ class SyncTrainer(ParameterServerTrainer):
         applying = [apply_on(k) for k in range(self.cfg.shards)]
         for k, f in enumerate(applying):
             try:
-                f.result(self.timeout_s)
-            except RoleFailedError as e:  # died mid-step: restore it, then apply this step there
-                self.server.restart(k, e)
-                apply_on(k).result(self.timeout_s)
+                self._versions[k] = f.result(self.timeout_s)
+            except RoleFailedError as e:  # died mid-step: restore it, then apply this step there if it lacks it
+                restored = self.server.restart(k, e)["updates"]
+                self._versions[k] = (restored if restored > self._versions[k] else
+                                     apply_on(k).result(self.timeout_s))
 
     def _handle_failure(self, rid: int, err: Exception) -> None:
         getattr(self, "_calls", {}).pop(rid, None)

@@ -74,8 +74,8 @@ class ParameterServerTrainer:
         server_state = None
         if resume:
             if self.durability is None:
-                raise ConfigError("resume", "the run keeps no checkpoints with --durability off; resume with "
-                                            "--durability snapshot or log")
+                raise ConfigError("resume", f"the run keeps no checkpoints with --durability {cfg.durability}; "
+                                            f"resume needs --durability snapshot or log")
             server_state = load_server_state(self.durability.root, self.total, self.optimizer)
             for msg in server_state.corrupt_checkpoints:
                 self.rec.log(f"resume: skipped a damaged checkpoint, using the previous good one: {msg}")
@@ -119,6 +119,7 @@ class ParameterServerTrainer:
         self.supervisor = Supervisor(RestartPolicy(max_restarts=cfg.max_replica_restarts),
                                      earlier=(p.get("replica_restarts", 0), p.get("replicas_lost", 0)))
         self.faults = FaultInjector(job.faults, already_fired=bool(p))  # once per run, not again after a resume
+        self.faults.shards = cfg.shards
 
     @property
     def shards(self) -> list[Role]:
@@ -637,6 +638,8 @@ class ParameterServerTrainer:
             replica_recovery_s=list(self.supervisor.recovery_s),
             shard_restarts=self.server.restarts, updates_lost=self.server.updates_lost,
             shard_recovery_s=list(self.server.recovery_s),
+            backups_replaced=self.server.backups_replaced if self.server.replicate else None,
+            duplicate_pushes=sum(s["duplicate_pushes"] for s in stats),
             partition_bytes_per_step=final.get("partition_bytes_per_step"),
             partition_messages_per_step=final.get("partition_messages_per_step"),
         )

@@ -4,8 +4,9 @@ Plain Python, no engine: the runtime decides whether a shard lives in this proce
 called by one thread at a time (a Ray actor executes calls sequentially; the in-process runtime holds a lock);
 a shard shared with co-located replicas (ps/colocated.py) is also changed by their processes, under its lock.
 
-Its jobs, one module each: Downpour's fetch/push and the server update (here), durability (ps/durability.py), and
-Sandblaster's vector algebra on named slice-vectors (ps/vectors.py).
+Its jobs, one module each: Downpour's fetch/push and the server update (here), durability (ps/durability.py),
+replication to a backup shard (ps/replication.py), and Sandblaster's vector algebra on named slice-vectors
+(ps/vectors.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 
 from distbelief.ps.arrays import PARAMS, all_finite, as_tensor
 from distbelief.ps.durability import Durability, DurableShard, SnapshotWriter
+from distbelief.ps.replication import ReplicatedShard
 from distbelief.ps.vectors import VECTOR_OPS, VectorAlgebra
 
 __all__ = ["PARAMS", "VECTOR_OPS", "Durability", "ParameterShard"]
@@ -46,7 +48,7 @@ def _counter(slot: int) -> property:
     return property(get, set)
 
 
-class ParameterShard(DurableShard, VectorAlgebra):
+class ParameterShard(DurableShard, ReplicatedShard, VectorAlgebra):
     """A slice ``[lo, hi)`` of the flat parameters plus the server optimizer state for it.
 
     Args:
@@ -138,8 +140,9 @@ class ParameterShard(DurableShard, VectorAlgebra):
         """Move this shard's state into shared memory (files ``<base>-s<id>-...``, ``base`` a path prefix in
         /dev/shm) so that replicas on this machine apply their pushes to it themselves (ps/colocated.py);
         returns what they need to map it, the same on every call. None when this shard cannot be shared: a
-        vector-only shard, or one that logs every push (``--durability log``)."""
-        if self.optimizer is None or self._wal is not None:
+        vector-only shard, one that logs every push (``--durability log``), or one that forwards every push to a
+        backup (``--durability replicate``)."""
+        if self.optimizer is None or self._wal is not None or self.replicated:
             return None
         if self._shared is None:
             from distbelief.ps.sharedmem import COUNTERS_FILE, ShardLock, create_storage, remove_older
@@ -235,6 +238,7 @@ class ParameterShard(DurableShard, VectorAlgebra):
         if session:
             self.last_seq[session] = seq
         self._after_update(a, b, int(num_examples), g, session, seq)
+        self._forward(g.numpy(), lo, based_on_version, num_examples, session, seq)
         return self.version
 
     def apply_mean(self, *grads) -> int:
@@ -261,6 +265,8 @@ class ParameterShard(DurableShard, VectorAlgebra):
         self._ctr[_HIST0] += 1
         self.version += 1
         self._after_update(0, self.hi - self.lo, 0, acc)
+        # the backup applies the mean as a push of staleness 0: the same update, the same counters
+        self._forward(acc.numpy(), self.lo, self.version - 1, 0, 0, 0)
         return self.version
 
     def set_params(self, values) -> int:
@@ -288,4 +294,5 @@ class ParameterShard(DurableShard, VectorAlgebra):
             "snapshot_version": self._last_ckpt_version,
             "snapshot_s": self.snapshot_s,
             "duplicate_pushes": self.duplicate_pushes,
+            **self.replication_stats(),
         }

@@ -260,6 +260,20 @@ class Runtime(ABC):
         then fails as for any replica failure."""
         raise ConfigError("kill_partition_id", f"the {self.name} runtime cannot kill a single partition")
 
+    def create_backup(self, shard_id: int, factory: Callable[[], Any], away_from: Role) -> Role:
+        """Place a backup of shard ``shard_id`` (``--durability replicate``, ps/replication.py): a shard like any
+        other, on another node than ``away_from`` where the cluster has one."""
+        return self.create_shard(shard_id, factory)
+
+    def same_node(self, a: Role, b: Role) -> bool:
+        """Whether roles ``a`` and ``b`` share a machine that could fail with both (False when unknown)."""
+        return False
+
+    def backup_link(self, backup: Role) -> Any:
+        """What a primary shard forwards its updates through to ``backup`` (``ReplicatedShard.attach_backup``):
+        picklable, with ``call(method, *args)`` that raises RoleFailedError or RemoteTimeoutError, never hangs."""
+        raise ConfigError("durability", f"the {self.name} runtime cannot replicate parameter shards")
+
     def create_clocks(self, bound: int):
         """The clock table of a stale-synchronous run (``runtime/clocks.py``): a ClockGate that replicas built
         by this runtime can use wherever they live."""

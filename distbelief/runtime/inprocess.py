@@ -46,6 +46,19 @@ class _Locked:
         self.obj, self.lock, self.dead = obj, threading.Lock(), False
 
 
+class _LocalLink:
+    """A primary shard's link to its backup in this process (ps/replication.py): a call under the backup's lock."""
+
+    def __init__(self, box: _Locked, name: str):
+        self.box, self.name = box, name
+
+    def call(self, method: str, *args):
+        with self.box.lock:
+            if self.box.dead:
+                raise RoleFailedError(f"{self.name} is dead")
+            return getattr(self.box.obj, method)(*args)
+
+
 class InProcessShardClient(ShardClient):
     def __init__(self, shards: list[Role], layout, replica_id: int, timeout_s: float = 120.0):
         super().__init__([r.handle for r in shards], layout)
@@ -213,6 +226,9 @@ class InProcessRuntime(Runtime):
             return _ThreadFuture(self._pool.submit(locked), role.name)
         # Replicas are thread-safe by design: run() in one thread, stop()/stats() from others.
         return _ThreadFuture(self._pool.submit(getattr(box.obj, method), *args, **kwargs), role.name)
+
+    def backup_link(self, backup: Role) -> _LocalLink:
+        return _LocalLink(backup.handle, f"backup of parameter shard {backup.role_id}")
 
     def create_clocks(self, bound: int) -> LocalClocks:
         return LocalClocks(bound)

@@ -327,6 +327,17 @@ class _RaySplit(SplitFuture):
         return self.refs[k]  # a reference: Ray moves the bytes from the producer to the consumer
 
 
+class _RayLink:
+    """A primary shard's link to its backup actor (ps/replication.py); built in the driver, used in the primary's
+    process, where each call waits for the backup's answer (at most ``timeout_s``)."""
+
+    def __init__(self, handle, name: str, timeout_s: float):
+        self.handle, self.name, self.timeout_s = handle, name, timeout_s
+
+    def call(self, method: str, *args):
+        return _RayFuture(self.handle.call.remote(method, *args), self.name).result(self.timeout_s)
+
+
 class _ShardCalls(Future):
     """One call per shard. A call to a shard that died is re-sent to its replacement, within the timeout."""
 
@@ -566,6 +577,7 @@ class RayRuntime(Runtime):
         self.replica_gpus = 0.0
         self.replica_gpus_if_free = False
         self._shard_node: dict[int, str] = {}  # where each shard was asked to go (spreading the next ones)
+        self._backup_node: dict[int, str] = {}  # ... and each shard's backup (--durability replicate)
         self.startup_timeout_s, self.remote_timeout_s = startup_timeout_s, remote_timeout_s
         self._actors: list[Any] = []
         self._groups: list[Role] = []  # partitioned replicas (partition_ray.RayPartitionGroupRole)
@@ -644,7 +656,7 @@ class RayRuntime(Runtime):
     def _ready(self, actor, role_name: str) -> None:
         _RayFuture(actor.pid.remote(), role_name).result(self.startup_timeout_s)
 
-    def _shard_placement(self, shard_id: int) -> dict:
+    def _shard_placement(self, shard_id: int, away_from: Role | None = None) -> dict:
         """Ray options that place shard ``shard_id`` on the node hosting the fewest other shards, so K shards land
         on K distinct nodes when there are that many (their traffic, memory and CPU never pile up on one
         machine), and only on dedicated shard nodes (SHARD_NODE_RESOURCE) where the cluster has any.
@@ -652,15 +664,27 @@ class RayRuntime(Runtime):
         Why not Ray's "SPREAD" strategy: it is best effort, and on a 3-node cluster it put 2 of 3 shards on one
         node. The node is a soft preference (a node that died or is full spills the shard to another) where the
         shard requests resources; Ray ignores a soft preference of an actor that requests none (measured: 2 of 3
-        such actors elsewhere), so then it is strict: such an actor never lacks room on the alive node chosen."""
+        such actors elsewhere), so then it is strict: such an actor never lacks room on the alive node chosen.
+
+        ``away_from``: place a backup of shard ``shard_id`` (``--durability replicate``) instead, on another node
+        than that role's where there is one (else on any: it still survives the role's process)."""
         dedicated = ray.cluster_resources().get(SHARD_NODE_RESOURCE, 0.0) > 0
-        others = [node for k, node in self._shard_node.items() if k != shard_id]
-        node = least_loaded(shard_nodes(self.shard_cpus, dedicated), others)
+        placed = self._backup_node if away_from is not None else self._shard_node
+        others = [node for k, node in placed.items() if k != shard_id]
+        candidates = shard_nodes(self.shard_cpus, dedicated)
+        if away_from is not None:
+            others += list(self._shard_node.values())
+            try:
+                avoid = self.node_of(away_from)
+            except (RoleFailedError, RemoteTimeoutError):  # died already: the driver finds out next
+                avoid = None
+            candidates = [n for n in candidates if n != avoid]
+        node = least_loaded(candidates, others)
         options: dict = {"resources": {SHARD_NODE_RESOURCE: SHARD_NODE_REQUEST}} if dedicated else {}
         if node is None:
             options["scheduling_strategy"] = "SPREAD"
             return options
-        self._shard_node[shard_id] = node
+        placed[shard_id] = node
         soft = self.shard_cpus > 0 or dedicated
         options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=soft, _spill_on_unavailable=soft)
         return options
@@ -670,6 +694,15 @@ class RayRuntime(Runtime):
                                   **self._shard_placement(shard_id)).remote(1, factory)
         self._actors.append(actor)
         return Role("shard", shard_id, actor)
+
+    def create_backup(self, shard_id: int, factory, away_from: Role) -> Role:
+        actor = RoleActor.options(num_cpus=self.shard_cpus, max_concurrency=1, max_restarts=0,
+                                  **self._shard_placement(shard_id, away_from=away_from)).remote(1, factory)
+        self._actors.append(actor)
+        return Role("shard", shard_id, actor)
+
+    def backup_link(self, backup: Role) -> "_RayLink":
+        return _RayLink(backup.handle, f"backup of parameter shard {backup.role_id}", self.remote_timeout_s)
 
     def create_replica(self, replica_id, factory, shards, layout, threads) -> Role:
         handles = [s.handle for s in shards]
@@ -726,6 +759,12 @@ class RayRuntime(Runtime):
             release()
         else:
             ray.kill(role.handle, no_restart=True)
+
+    def same_node(self, a: Role, b: Role) -> bool:
+        try:
+            return self.node_of(a) == self.node_of(b)
+        except (RoleFailedError, RemoteTimeoutError):  # one is dead: the driver finds out on its next check
+            return False
 
     def node_of(self, role: Role, timeout_s: float = 30.0) -> str:
         """The Ray node id hosting ``role`` (for placement checks and node-loss tests)."""

@@ -8,7 +8,9 @@ count of the whole run, never at a wall-clock time, so it lands at the same poin
 - ``kill_replica_at_step`` / ``kill_replica_id``: kill that replica's process once the run's replicas have done
   this many steps together (Downpour, sync, Hogwild, DDP; Sandblaster: iterations). ``kill_partition_id`` kills
   only that partition of a model-parallel replica.
-- ``kill_shard_at_step`` / ``kill_shard_id``: kill that parameter shard's process the same way.
+- ``kill_shard_at_step`` / ``kill_shard_id``: kill that parameter shard's process the same way. With
+  ``kill_shard_times = n`` (Downpour), kill a shard n times, every ``kill_shard_every_steps`` steps; the i-th kill
+  hits shard ``(kill_shard_id + i) % shards`` (a failover test's kills in a row).
 - ``portion_delay_s``, ``straggler_id``, ``straggler_slowdown`` (Sandblaster): every portion takes at least
   ``portion_delay_s``, and replica ``straggler_id`` takes ``straggler_slowdown`` times as long (emulating a slow
   machine).
@@ -36,6 +38,8 @@ class Faults:
     kill_partition_id: int = -1  # -1 = the whole replica
     kill_shard_at_step: int = 0  # 0 = never
     kill_shard_id: int = 0
+    kill_shard_times: int = 1
+    kill_shard_every_steps: int = 0
     portion_delay_s: float = 0.0
     straggler_id: int = -1  # -1 = none
     straggler_slowdown: float = 1.0
@@ -43,7 +47,8 @@ class Faults:
 
     def validate(self, replicas: int, shards: int, partitions: int) -> "Faults":
         """Check the faults against the run they go into; ConfigError names the field."""
-        for name in ("kill_replica_at_step", "kill_shard_at_step", "kill_shard_id", "kill_replica_id"):
+        for name in ("kill_replica_at_step", "kill_shard_at_step", "kill_shard_id", "kill_replica_id",
+                     "kill_shard_times", "kill_shard_every_steps"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise ConfigError(name, f"must be an integer >= 0, got {v!r}")
@@ -59,6 +64,9 @@ class Faults:
                 warnings.warn("kill_partition_id has no effect without kill_replica_at_step", stacklevel=2)
         if self.kill_shard_at_step and not 0 <= self.kill_shard_id < shards:
             raise ConfigError("kill_shard_id", f"must name a shard in [0, {shards}), got {self.kill_shard_id}")
+        if self.kill_shard_times > 1 and not self.kill_shard_every_steps:
+            raise ConfigError("kill_shard_every_steps", "must be > 0 when kill_shard_times > 1 (the steps between "
+                                                        "two kills)")
         if not (math.isfinite(self.portion_delay_s) and self.portion_delay_s >= 0):
             raise ConfigError("portion_delay_s", f"must be >= 0, got {self.portion_delay_s!r}")
         if not (math.isfinite(self.straggler_slowdown) and self.straggler_slowdown >= 1):
@@ -79,6 +87,8 @@ class FaultInjector:
         self.faults = faults
         self.replica_done = already_fired or not faults.kill_replica_at_step
         self.shard_done = already_fired or not faults.kill_shard_at_step
+        self.shard_kills = 0  # kills fired so far (kill_shard_times)
+        self.shards: int | None = None  # how many the run has: a driver that repeats kills sets it
 
     @property
     def pending(self) -> bool:
@@ -86,9 +96,11 @@ class FaultInjector:
 
     def check(self, steps: int, kill_shard, kill_replica) -> None:
         f = self.faults
-        if not self.shard_done and steps >= f.kill_shard_at_step:
-            self.shard_done = True
-            kill_shard(f.kill_shard_id, steps)
+        if not self.shard_done and steps >= f.kill_shard_at_step + self.shard_kills * f.kill_shard_every_steps:
+            k = f.kill_shard_id if self.shards is None else (f.kill_shard_id + self.shard_kills) % self.shards
+            self.shard_kills += 1
+            self.shard_done = self.shard_kills >= f.kill_shard_times
+            kill_shard(k, steps)
         if not self.replica_done and steps >= f.kill_replica_at_step:
             if kill_replica(f.kill_replica_id, f.kill_partition_id, steps):
                 self.replica_done = True

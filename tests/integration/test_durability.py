@@ -69,6 +69,39 @@ def test_log_mode_recovery_is_bit_for_bit_the_undisturbed_run(tmp_path):
     assert saved and not [line for line in saved if line.startswith("kill")]
 
 
+@pytest.mark.parametrize("strategy", ["downpour", "sync"])
+def test_replicate_mode_failover_is_bit_for_bit_the_undisturbed_run(tmp_path, strategy):
+    """The exact oracle for failover: one replica, shard 1's primary killed at step 40; its backup, which applied
+    every update the primary did in the same order, takes over and the push that met the dead primary is re-sent
+    to it. Nothing touches the disk, and the run ends with exactly the parameters of the same run without the
+    kill (and of a run with no durability at all)."""
+    import torch
+
+    settings = dict(runtime="inprocess", strategy=strategy, replicas=1, shards=2, batch_size=64, max_steps=120,
+                    max_seconds=0, eval_every_seconds=3600, num_samples=2000)
+    killed = train_task(RunConfig(**settings, durability="replicate", out=str(tmp_path / "killed")), quiet=True,
+                        faults=Faults(kill_shard_at_step=40, kill_shard_id=1))
+    undisturbed = train_task(RunConfig(**settings, durability="off"), quiet=True)
+    s = killed.summary
+    assert s["shard_restarts"] == 1 and s["updates_lost"] == 0 and s["backups_replaced"] == 1
+    assert [e["event"] for e in s["events"]] == ["shard killed", "shard failed over", "backup replaced"]
+    assert s["updates_per_shard"] == undisturbed.summary["updates_per_shard"] == [120, 120]
+    assert torch.equal(killed.flat_params, undisturbed.flat_params)
+    assert not (tmp_path / "killed" / "checkpoints").exists()  # no disk
+
+
+def test_replicate_mode_is_refused_where_it_cannot_work(tmp_path):
+    from distbelief.exceptions import ConfigError
+
+    with pytest.raises(ConfigError, match="durability"):
+        RunConfig(strategy="sandblaster", durability="replicate").validate()
+    train_task(RunConfig(runtime="inprocess", replicas=1, max_steps=5, max_seconds=0, durability="replicate",
+                         out=str(tmp_path / "run")), quiet=True)
+    with pytest.raises(ConfigError, match="resume.*--durability replicate"):
+        train_task(RunConfig(runtime="inprocess", replicas=1, max_steps=5, max_seconds=0, durability="replicate",
+                             out=str(tmp_path / "run")), quiet=True, resume=True)
+
+
 def test_off_mode_writes_no_checkpoints_and_a_dead_shard_ends_the_run_with_a_clear_error(tmp_path):
     from distbelief.exceptions import RoleFailedError
 

@@ -1,4 +1,5 @@
-"""Node loss on a fake multi-node Ray cluster: the node hosting a shard and replicas is removed mid-run."""
+"""Failures on a fake multi-node Ray cluster: the node hosting a shard and replicas is removed mid-run; and, with
+``--durability replicate``, shard primaries are killed 20 times in a row."""
 
 import pytest
 import ray
@@ -62,3 +63,38 @@ def test_losing_the_node_of_a_shard_and_replicas_the_run_still_reaches_its_targe
     assert s["replica_restarts"] == removed["replicas"] and s["replicas_lost"] == 0
     assert s["stop_reason"] == "target accuracy reached" and s["best_test_accuracy"] >= 0.75
     assert s["time_to_target_s"] > removed["wall_s"]  # the target was reached after the loss, not before
+
+
+def test_twenty_primaries_killed_in_a_row_fail_over_to_their_backups_losing_nothing(cluster, tmp_path):
+    """--durability replicate, 1 replica x 2 shards: 20 shard primaries are killed, one after the other (shard 0,
+    1, 0, ...; each as soon as the previous failover is done). Each time the backup (on the other node) takes over
+    and a new backup is made. One replica pushes exactly once per step to each shard, so each shard's version must
+    equal the replica's steps: nothing lost, nothing applied twice."""
+    c, nodes = cluster
+    placement = []
+
+    def probe(trainer, record):
+        server = trainer.server
+        if len(placement) < 3 and all(b is not None for b in server.backups):
+            rt = trainer.runtime
+            placement.append([(rt.node_of(p), rt.node_of(b)) for p, b in zip(server.roles, server.backups)])
+
+    steps = 1300
+    # The replica is slowed 2x (test tooling) so that new backups' processes start while it trains on 2 cores.
+    faults = Faults(kill_shard_at_step=10, kill_shard_times=20, kill_shard_every_steps=5, straggler_id=0,
+                    straggler_slowdown=2, on_evaluation=probe)
+    runtime = RayRuntime(remote_timeout_s=60)
+    cfg = RunConfig(runtime="ray", replicas=1, shards=2, batch_size=128, max_steps=steps, max_seconds=0,
+                    eval_every_seconds=2.0, durability="replicate", max_shard_restarts=10, out=str(tmp_path / "run"))
+    try:
+        s = train_task(cfg, quiet=True, runtime=runtime, faults=faults).summary
+    finally:
+        runtime.shutdown()
+    kinds = [e["event"] for e in s["events"]]
+    assert kinds.count("shard killed") == 20, kinds
+    assert kinds.count("shard failed over") == 20 and s["shard_restarts"] == 20
+    assert s["backups_replaced"] == 20 and "shard restored" not in kinds
+    assert s["updates_lost"] == 0
+    assert s["steps_per_replica"] == [steps] and s["updates_per_shard"] == [steps, steps]  # exactly once
+    assert s["final_test_accuracy"] >= 0.75 and s["stop_reason"] == "step limit reached"
+    assert placement and all(p != b for pairs in placement for p, b in pairs)  # never on the same node

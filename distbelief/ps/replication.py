@@ -1,0 +1,87 @@
+"""Shard replication (``--durability replicate``): every parameter shard has a backup, a second shard in another
+process (on another node where the cluster has one), that applies every update the primary applies, in the
+primary's order, before the primary acknowledges it. When the primary dies the backup takes its place holding
+every acknowledged update, and the replicas re-send what was not acknowledged, recognised by its (session, seq)
+if the backup already has it: nothing is lost and nothing is applied twice, with no disk anywhere.
+
+The primary forwards each applied update to its backup over a *link*, which the runtime provides (a lock-guarded
+call in one process, a Ray actor call across processes): ``link.call(method, *args)`` runs ``method`` on the backup
+shard and returns its answer, raising RoleFailedError or RemoteTimeoutError when the backup is gone. A backup that
+fails is dropped at once (the primary goes on alone, and its ``stats()`` say ``has_backup: False``) and the
+driver gives the primary a new one (``attach_backup``): the new backup receives the primary's whole state in the
+same call, so no update falls between the copy and the first forwarded push.
+
+``ParameterShard`` inherits this (mixed in), like its durability.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Self
+
+import numpy as np
+
+from distbelief.exceptions import RemoteTimeoutError, RoleFailedError
+from distbelief.ps.arrays import PARAMS
+
+
+class ReplicatedShard:
+    """The replication half of ParameterShard (mixed in): forwarding to a backup, and becoming one."""
+
+    _backup: Any = None  # the link to our backup, while we have one
+    replicated = False  # a primary or a backup of a replicated run: never shared with co-located replicas
+    backups_lost = 0  # backups dropped because a forward to them failed
+    backups_attached = 0
+
+    @classmethod
+    def blank(cls, shard_id: int, lo: int, hi: int, optimizer, total: int) -> Self:
+        """An empty shard for range ``[lo, hi)``, to become a backup: its state arrives with ``load_state``."""
+        shard = cls(shard_id, lo, hi, np.zeros(hi - lo, dtype=np.float32), optimizer, total)
+        shard.replicated = True
+        return shard
+
+    def attach_backup(self, link) -> int:
+        """Make the shard behind ``link`` our backup: copy our whole state to it now, then forward every update
+        we apply. Returns our version (the backup's too)."""
+        with self.lock:
+            link.call("load_state", self._replica_state())
+            self._backup = link
+            self.replicated = True
+            self.backups_attached += 1
+            return self.version
+
+    def _replica_state(self) -> dict:
+        """Everything a backup needs to be us: parameters, optimizer state, counters, exactly-once sequence
+        numbers. Live arrays: the link copies them (Ray serialises the call; in one process load_state copies)."""
+        state = {PARAMS: self._params_np, "counters": self._ctr, "last_seq": dict(self.last_seq)}
+        state.update({f"opt.{k}": v.numpy() for k, v in self.opt_state.items() if not k.startswith("tmp")})
+        return state
+
+    def load_state(self, state: dict) -> int:
+        """(On a backup) take a primary's whole state (``_replica_state``)."""
+        with self.lock:
+            np.copyto(self._params_np, np.asarray(state[PARAMS], dtype=np.float32))
+            for name, value in state.items():
+                if name.startswith("opt."):
+                    self.opt_state[name[4:]].numpy()[:] = value
+            self._ctr[:] = state["counters"]
+            self.last_seq = dict(state["last_seq"])
+            self.replicated = True
+            return self.version
+
+    def _forward(self, grad: np.ndarray, offset: int, based_on_version: int, num_examples: int, session: int,
+                 seq: int) -> None:
+        """Apply the update we just applied on our backup too (called under our lock, after our version moved).
+        A backup that fails or disagrees about the version is dropped; the driver replaces it."""
+        if self._backup is None:
+            return
+        try:
+            after = self._backup.call("push", -1, grad, offset, based_on_version, num_examples, session, seq)
+        except (RoleFailedError, RemoteTimeoutError):
+            after = None
+        if after != self.version:  # gone, or (never seen) out of step: a copy that differs is no backup
+            self._backup = None
+            self.backups_lost += 1
+
+    def replication_stats(self) -> dict:
+        return {"has_backup": self._backup is not None, "backups_lost": self.backups_lost,
+                "backups_attached": self.backups_attached}
