@@ -9,8 +9,8 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-from distbelief.config import (APPLIES_TO, FIELD_HELP, LOCAL_STRATEGIES, SECTIONS, RunConfig, config_from,
-                               ignored_by_strategy, load_toml, saved_run_values, section_of)
+from distbelief.config import (APPLIES_TO, DURABILITY_MODES, FIELD_HELP, LOCAL_STRATEGIES, SECTIONS, RunConfig,
+                               config_from, ignored_by_strategy, load_toml, saved_run_values, section_of)
 from distbelief.exceptions import ClusterUnreachableError, ConfigError, DistBeliefError
 
 CHOICES = {
@@ -18,7 +18,7 @@ CHOICES = {
     "strategy": ("sgd", "sync", "downpour", "sandblaster", "hogwild", "ddp"),
     "optimizer": ("auto", "sgd", "adagrad"),
     "runtime": ("ray", "inprocess"),
-    "durability": ("off", "snapshot", "log"),
+    "durability": DURABILITY_MODES,
     "evaluation": ("auto", "paused", "concurrent"),
 }
 

@@ -421,7 +421,7 @@ FIELD_HELP: dict[str, str] = {
     "remote_timeout_s": "how long any remote call may take before the run fails with a timeout",
     "durability": "how a dead parameter shard gets its state back: off (the run fails), snapshot (each shard "
                   "saves its slice and optimizer state in the background every checkpoint_every_seconds; a "
-                  "restarted shard loses the updates since its last snapshot, counted in updates_lost) or log "
+                  "restarted shard loses the updates since its last snapshot, counted in updates_lost), log "
                   "(snapshots plus a write-ahead log of every applied push: nothing acknowledged is lost, at a "
                   "disk and throughput cost) or replicate (each shard has a backup in another process, on another "
                   "node where there is one, that applies every push before it is acknowledged; a dead shard's "
@@ -433,7 +433,8 @@ FIELD_HELP: dict[str, str] = {
                                 "not by count)",
     "log_max_mb": "durability log: a shard whose write-ahead log grows past this many MB takes a snapshot, which "
                   "starts a new log (bounds the disk use: at most about 2x this per shard)",
-    "max_shard_restarts": "how many times a dead parameter shard is restarted from its checkpoint",
+    "max_shard_restarts": "how many times a dead parameter shard is restarted from its checkpoint (or, with "
+                          "durability replicate, replaced by its backup)",
     "portion_size": "sandblaster: examples per portion, the unit of work handed to a free replica (keep it much "
                     "smaller than lbfgs_batch / replicas) (0 = lbfgs_batch / 16)",
     "history": "sandblaster: L-BFGS memory m, the number of (s, y) pairs kept on the shards",

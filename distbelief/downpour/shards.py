@@ -15,7 +15,7 @@ from typing import Callable
 
 import torch
 
-from distbelief.exceptions import RoleFailedError
+from distbelief.exceptions import RemoteTimeoutError, RoleFailedError
 from distbelief.ps.shard import Durability, ParameterShard
 from distbelief.ps.sharding import ShardLayout
 from distbelief.resume import drop_retired
@@ -102,10 +102,10 @@ class ServerShards:
         placed = {}
         for k in ids:
             spare, self.spares[k] = self.spares[k], None
-            if spare is not None and not self.runtime.same_node(spare, self.roles[k]):
+            if spare is not None and not self.runtime.avoidably_together(spare, self.roles[k]):
                 placed[k] = spare
                 continue
-            if spare is not None:  # on the primary's node: no use against losing that node
+            if spare is not None:  # on the primary's node while another could take it: no use against losing it
                 self.runtime.kill(spare)
             placed[k] = self.runtime.create_backup(k, self._blank(k), away_from=self.roles[k])
         for k, role in placed.items():
@@ -132,7 +132,11 @@ class ServerShards:
             except Exception:  # noqa: BLE001 - already gone
                 pass
         self.log(f"parameter shard {k}: {why}; copying it to a new backup")
-        self._attach_backups([k])
+        try:
+            self._attach_backups([k])
+        except (RoleFailedError, RemoteTimeoutError) as e:  # the shard goes on alone; the next check tries again
+            self.log(f"parameter shard {k}: could not make a new backup ({e}); trying again")
+            return
         self.backups_replaced += 1
         self.on_event({"event": "backup replaced", "id": k, "copy_s": round(time.monotonic() - t0, 3)})
 
@@ -147,8 +151,8 @@ class ServerShards:
             except RoleFailedError as e:
                 self.restart(k, e)
                 continue
-            if self.replicate and not st.get("has_backup") and self.backups[k] is not None:
-                self._replace_backup(k, "a push to its backup failed")
+            if self.replicate and not st.get("has_backup"):
+                self._replace_backup(k, "a push to its backup failed" if self.backups[k] else "it has no backup")
         for k, b, f in backups:
             if self.backups[k] is not b:  # promoted or replaced above
                 continue

@@ -6,7 +6,10 @@ if the backup already has it: nothing is lost and nothing is applied twice, with
 
 The primary forwards each applied update to its backup over a *link*, which the runtime provides (a lock-guarded
 call in one process, a Ray actor call across processes): ``link.call(method, *args)`` runs ``method`` on the backup
-shard and returns its answer, raising RoleFailedError or RemoteTimeoutError when the backup is gone. A backup that
+shard and returns its answer, and ``link.push(grad, offset, based_on_version, num_examples, session, seq, mapped)``
+applies a push there — ``mapped`` names the file the whole gradient lives in when the replica handed it over in
+shared memory, so that a backup on the same machine reads it there instead of receiving a copy. Both raise
+RoleFailedError or RemoteTimeoutError when the backup is gone. A backup that
 fails is dropped at once (the primary goes on alone, and its ``stats()`` say ``has_backup: False``) and the
 driver gives the primary a new one (``attach_backup``): the new backup receives the primary's whole state in the
 same call, so no update falls between the copy and the first forwarded push.
@@ -69,13 +72,17 @@ class ReplicatedShard:
             return self.version
 
     def _forward(self, grad: np.ndarray, offset: int, based_on_version: int, num_examples: int, session: int,
-                 seq: int) -> None:
-        """Apply the update we just applied on our backup too (called under our lock, after our version moved).
-        A backup that fails or disagrees about the version is dropped; the driver replaces it."""
+                 seq: int, whole=None) -> None:
+        """Apply the update we just applied on our backup too (called under our lock, after our version moved):
+        ``grad`` is the slice we applied at flat ``offset``; ``whole`` the push's whole gradient as it arrived
+        (a file mapping when a replica handed it over in shared memory). A backup that fails or disagrees about
+        the version is dropped; the driver replaces it."""
         if self._backup is None:
             return
+        filename = getattr(whole, "filename", None)  # np.memmap: the replica's buffer, the whole model's length
+        mapped = (filename, whole.size) if filename and whole.size == self.total else None
         try:
-            after = self._backup.call("push", -1, grad, offset, based_on_version, num_examples, session, seq)
+            after = self._backup.push(grad, offset, based_on_version, num_examples, session, seq, mapped)
         except (RoleFailedError, RemoteTimeoutError):
             after = None
         if after != self.version:  # gone, or (never seen) out of step: a copy that differs is no backup

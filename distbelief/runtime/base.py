@@ -265,8 +265,9 @@ class Runtime(ABC):
         other, on another node than ``away_from`` where the cluster has one."""
         return self.create_shard(shard_id, factory)
 
-    def same_node(self, a: Role, b: Role) -> bool:
-        """Whether roles ``a`` and ``b`` share a machine that could fail with both (False when unknown)."""
+    def avoidably_together(self, a: Role, b: Role) -> bool:
+        """Whether roles ``a`` and ``b`` share a machine (that could fail with both) although the cluster has
+        another one that could host a shard. False when unknown, and always in one process."""
         return False
 
     def backup_link(self, backup: Role) -> Any:

@@ -58,6 +58,9 @@ class _LocalLink:
                 raise RoleFailedError(f"{self.name} is dead")
             return getattr(self.box.obj, method)(*args)
 
+    def push(self, grad, offset: int, based_on_version: int, num_examples: int, session: int, seq: int, mapped):
+        return self.call("push", -1, grad, offset, based_on_version, num_examples, session, seq)
+
 
 class InProcessShardClient(ShardClient):
     def __init__(self, shards: list[Role], layout, replica_id: int, timeout_s: float = 120.0):

@@ -333,9 +333,23 @@ class _RayLink:
 
     def __init__(self, handle, name: str, timeout_s: float):
         self.handle, self.name, self.timeout_s = handle, name, timeout_s
+        self._same_node: bool | None = None  # whether the backup can map this machine's files (asked once)
 
     def call(self, method: str, *args):
         return _RayFuture(self.handle.call.remote(method, *args), self.name).result(self.timeout_s)
+
+    def push(self, grad, offset: int, based_on_version: int, num_examples: int, session: int, seq: int, mapped):
+        if mapped is not None and self._same_node is None:
+            here = ray.get_runtime_context().get_node_id()
+            self._same_node = _RayFuture(self.handle.node_id.remote(), self.name).result(self.timeout_s) == here
+        if mapped is not None and self._same_node:
+            # The whole gradient is in a replica's buffer in /dev/shm: the backup reads its range there (as we did)
+            # instead of receiving a copy; the replica rewrites the buffer only after our acknowledgement.
+            path, size = mapped
+            ref = self.handle.push_shm.remote(path, size, -1, 0, based_on_version, num_examples, session, seq)
+        else:
+            ref = self.handle.call.remote("push", -1, grad, offset, based_on_version, num_examples, session, seq)
+        return _RayFuture(ref, self.name).result(self.timeout_s)
 
 
 class _ShardCalls(Future):
@@ -760,11 +774,15 @@ class RayRuntime(Runtime):
         else:
             ray.kill(role.handle, no_restart=True)
 
-    def same_node(self, a: Role, b: Role) -> bool:
+    def avoidably_together(self, a: Role, b: Role) -> bool:
         try:
-            return self.node_of(a) == self.node_of(b)
+            node = self.node_of(a)
+            if node != self.node_of(b):
+                return False
         except (RoleFailedError, RemoteTimeoutError):  # one is dead: the driver finds out on its next check
             return False
+        dedicated = ray.cluster_resources().get(SHARD_NODE_RESOURCE, 0.0) > 0
+        return any(n != node for n in shard_nodes(self.shard_cpus, dedicated))
 
     def node_of(self, role: Role, timeout_s: float = 30.0) -> str:
         """The Ray node id hosting ``role`` (for placement checks and node-loss tests)."""

@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -145,13 +146,30 @@ def test_fused_push_fetch_loop_equals_separate_calls_bit_for_bit(toy_data):
     assert fused.summary["replicas_zero_copy"] == 1 and separate.summary["replicas_zero_copy"] == 0
 
 
-def test_ray_shared_memory_plane_survives_a_shard_kill(toy_data, tmp_path):
-    """A push waiting on a dead shard is re-sent to its replacement, which maps the same replica buffer."""
+@pytest.mark.parametrize("durability", ["log", "replicate"])
+def test_ray_shared_memory_plane_survives_a_shard_kill(toy_data, tmp_path, durability):
+    """A push waiting on a dead shard is re-sent to its replacement, which maps the same replica buffer: a shard
+    restored from its log, or (replicate) its backup, which read every forwarded push from the same buffers."""
+    compared = []
+
+    def primary_equals_backup(trainer, record):
+        """(replicate) While the replicas hold still for an evaluation, each backup is its primary, bit for bit."""
+        srv, rt = trainer.server, trainer.runtime
+        if durability == "replicate" and all(b is not None for b in srv.backups):
+            for p, b in zip(srv.roles, srv.backups):
+                (pv, pver), (bv, bver) = (rt.call(r, "fetch").result(30) for r in (p, b))
+                compared.append(pver == bver and np.array_equal(pv, bv))
+
     res = train(make_odd_model, toy_data[0], toy_data[1], quiet=True, runtime="ray", replicas=2, shards=2,
-                max_steps=600, max_seconds=0, faults=Faults(kill_shard_at_step=200, kill_shard_id=1),
-                eval_every_seconds=1, batch_size=8, checkpoint_every_seconds=1, durability="log",
-                out=str(tmp_path / "run"))
-    assert res.summary["shard_restarts"] == 1 and res.summary["updates_lost"] == 0
+                max_steps=300, max_seconds=0, eval_every_seconds=0.5, batch_size=8, checkpoint_every_seconds=1,
+                faults=Faults(kill_shard_at_step=120, kill_shard_id=1, on_evaluation=primary_equals_backup),
+                durability=durability, out=str(tmp_path / "run"))
+    s = res.summary
+    assert s["shard_restarts"] == 1 and s["updates_lost"] == 0
+    assert s["replicas_zero_copy"] == 2 and s["replicas_colocated"] == 0  # the shm data plane, via the shards
     assert torch.isfinite(res.flat_params).all()
     # every push reaches both shards exactly once, the killed one included
-    assert res.summary["updates_per_shard"] == [1200, 1200]
+    assert s["updates_per_shard"] == [600, 600]
+    if durability == "replicate":
+        assert s["backups_replaced"] == 1 and not (tmp_path / "run" / "checkpoints").exists()
+        assert compared and all(compared), compared

@@ -1,7 +1,9 @@
 """Fault injection: a parameter shard's process is killed mid-run; the run goes on, losing no update with
-``durability = "log"`` and exactly the updates since the last snapshot with the default ``"snapshot"``."""
+``durability = "log"`` and exactly the updates since the last snapshot with the default ``"snapshot"``.
 
-import pytest
+Shard kills on Ray are in test_downpour_ray.py (log mode, every push applied exactly once), test_durability.py
+(snapshot mode with co-located updates), test_node_loss.py (a lost node; 20 failovers with replicate),
+test_partition_faults.py (partitioned runs) and test_sandblaster_ray.py."""
 
 from distbelief.api import train_task
 from tests.conftest import config_and_faults
@@ -33,18 +35,3 @@ def test_inprocess_shard_killed_is_restored_from_checkpoint_and_log(tmp_path):
     res = train_task(cfg, quiet=True, faults=faults)
     assert_recovered(res.summary)
     assert (tmp_path / "run" / "checkpoints" / "shard-001").is_dir()
-
-
-@pytest.mark.ray
-@pytest.mark.slow
-@pytest.mark.usefixtures("ray_local")
-def test_ray_shard_process_killed_mid_run(tmp_path):
-    # target 0.72 (chance is 0.1): reached well after the kill at step 40 (~2.5k examples of the ~20k it takes),
-    # sooner than 0.78 on a busy 2-core box.
-    # (More shard kills on Ray, at other moments: the shared-memory plane's test in test_downpour_ray.py,
-    # partitioned runs in test_partition_faults.py, a node loss in test_node_loss.py, Sandblaster in
-    # test_sandblaster_ray.py.)
-    cfg, faults = shard_kill_config(tmp_path, "ray", kill_shard_at_step=40, target_accuracy=0.72)
-    res = train_task(cfg, quiet=True, faults=faults)
-    assert_recovered(res.summary, target=0.72)
-    assert res.summary["shard_recovery_s"][0] < 30

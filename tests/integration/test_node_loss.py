@@ -79,7 +79,7 @@ def test_twenty_primaries_killed_in_a_row_fail_over_to_their_backups_losing_noth
             rt = trainer.runtime
             placement.append([(rt.node_of(p), rt.node_of(b)) for p, b in zip(server.roles, server.backups)])
 
-    steps = 1300
+    steps = 1150
     # The replica is slowed 2x (test tooling) so that new backups' processes start while it trains on 2 cores.
     faults = Faults(kill_shard_at_step=10, kill_shard_times=20, kill_shard_every_steps=5, straggler_id=0,
                     straggler_slowdown=2, on_evaluation=probe)
