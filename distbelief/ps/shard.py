@@ -266,7 +266,7 @@ class ParameterShard(DurableShard, ReplicatedShard, VectorAlgebra):
         self.version += 1
         self._after_update(0, self.hi - self.lo, 0, acc)
         # the backup applies the mean as a push of staleness 0: the same update, the same counters
-        self._forward(acc.numpy(), self.lo, self.version - 1, 0, 0, 0)
+        self._forward(acc.numpy(), self.lo, self.version - 1, 0, 0, 0, wait=True)
         return self.version
 
     def set_params(self, values) -> int:

@@ -37,6 +37,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from distbelief.exceptions import ConfigError, RemoteTimeoutError, RoleFailedError
 from distbelief.runtime.group_stats import merge_partition_stats
+from distbelief.runtime import forwarded
 from distbelief.runtime.base import Future, Role, ShardClient
 from distbelief.runtime.transport import Mailbox, Transport
 
@@ -80,7 +81,13 @@ class _RangeCalls(Future):
         for k in self.refs:
             while True:
                 try:
-                    out[k] = ray.get(self.refs[k], timeout=max(0.0, deadline - time.monotonic()))
+                    reply = ray.get(self.refs[k], timeout=max(0.0, deadline - time.monotonic()))
+                    value, resend = forwarded.settle(reply, deadline, f"parameter shard {k}")
+                    if resend:  # the primary died after answering, before its backup's acknowledgement was read
+                        self.handles[k] = self.client.await_replacement(k, self.handles[k], deadline)
+                        self.refs[k] = self.handles[k].call.remote(self.method, *self.args[k])
+                        continue
+                    out[k] = value
                     break
                 except GetTimeoutError:
                     raise RemoteTimeoutError(f"parameter shard {k} did not answer {self.method} within "

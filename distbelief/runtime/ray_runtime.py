@@ -23,7 +23,7 @@ from ray.exceptions import GetTimeoutError, ObjectLostError, RayActorError, RayE
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from distbelief.exceptions import ClusterUnreachableError, ConfigError, RemoteTimeoutError, RoleFailedError
-from distbelief.runtime import shm
+from distbelief.runtime import forwarded, shm
 from distbelief.ps.colocated import ColocatedShard
 from distbelief.runtime.clocks import ClockGate
 from distbelief.runtime.base import Done, Future, Role, Runtime, ShardClient, SplitFuture, at_offset
@@ -175,7 +175,8 @@ class RoleActor:
 
     def call(self, method: str, *args, **kwargs):
         self.received += _array_bytes(args)
-        return getattr(self.obj, method)(*args, **kwargs)
+        value = getattr(self.obj, method)(*args, **kwargs)
+        return forwarded.answer(self.obj, value) if method == "push" else value
 
     def call_placed(self, method: str, lo: int, total: int, *parts):
         """``method`` with each part placed at flat offset ``lo`` of a full-length vector (Runtime.call_with_parts):
@@ -188,13 +189,13 @@ class RoleActor:
 
     # The shared-memory data plane (runtime/shm.py): the bulk bytes of a push or fetch are in a replica's buffer.
     def push_shm(self, path: str, size: int, *push_args):
-        return self._shm.push(self.obj, path, size, *push_args)
+        return forwarded.answer(self.obj, self._shm.push(self.obj, path, size, *push_args))
 
     def fetch_shm(self, path: str, size: int, replica_id: int):
         return self._shm.fetch(self.obj, path, size, replica_id)
 
     def push_fetch_shm(self, push_path: str, fetch_path: str, size: int, *push_args):
-        return self._shm.push_fetch(self.obj, push_path, fetch_path, size, *push_args)
+        return forwarded.answer(self.obj, self._shm.push_fetch(self.obj, push_path, fetch_path, size, *push_args))
 
     def pid(self) -> int:
         return os.getpid()
@@ -344,12 +345,18 @@ class _RayLink:
             self._same_node = _RayFuture(self.handle.node_id.remote(), self.name).result(self.timeout_s) == here
         if mapped is not None and self._same_node:
             # The whole gradient is in a replica's buffer in /dev/shm: the backup reads its range there (as we did)
-            # instead of receiving a copy; the replica rewrites the buffer only after our acknowledgement.
+            # instead of receiving a copy; the replica rewrites the buffer only after both acknowledged it.
             path, size = mapped
-            ref = self.handle.push_shm.remote(path, size, -1, 0, based_on_version, num_examples, session, seq)
-        else:
-            ref = self.handle.call.remote("push", -1, grad, offset, based_on_version, num_examples, session, seq)
-        return _RayFuture(ref, self.name).result(self.timeout_s)
+            return self.handle.push_shm.remote(path, size, -1, 0, based_on_version, num_examples, session, seq)
+        return self.handle.call.remote("push", -1, grad, offset, based_on_version, num_examples, session, seq)
+
+    def version_of(self, ack, wait: bool) -> int | None:
+        if not wait and not ray.wait([ack], timeout=0)[0]:
+            return None
+        return _RayFuture(ack, self.name).result(self.timeout_s)
+
+    def handoff(self, ack):
+        return ack  # calls from one process to one actor run in order: the backup applies them in ours
 
 
 class _ShardCalls(Future):
@@ -377,7 +384,13 @@ class _ShardCalls(Future):
         for k in range(len(self.refs)):
             while True:
                 try:
-                    out.append(ray.get(self.refs[k], timeout=max(0.0, deadline - time.monotonic())))
+                    reply = ray.get(self.refs[k], timeout=max(0.0, deadline - time.monotonic()))
+                    value, resend = forwarded.settle(reply, deadline, f"parameter shard {k}")
+                    if resend:  # the primary died after answering, before its backup's acknowledgement was read
+                        self.handles[k] = self.client.await_replacement(k, self.handles[k], deadline)
+                        self.refs[k] = self._send(self.handles[k], self.args[k])
+                        continue
+                    out.append(value)
                     break
                 except GetTimeoutError:
                     raise RemoteTimeoutError(
