@@ -75,6 +75,11 @@ class ServerShards:
         self.replicate = cfg.durability == "replicate"
         self.backups: list[Role | None] = [None] * cfg.shards
         self.spares: list[Role | None] = [None] * cfg.shards  # a started, blank next backup for each shard
+        self._starting: dict[int, Role] = {}  # backups placed with the shards, attached once both are up
+        if self.replicate:  # placed now, so that their processes start with the shards' (and the spares' too)
+            for k in range(cfg.shards):
+                self._starting[k] = runtime.create_backup(k, self._blank(k), away_from=self.roles[k])
+                self.spares[k] = runtime.create_backup(k, self._blank(k), away_from=self._starting[k])
         self.backups_replaced = 0
         self.restarts = prev.get("shard_restarts", 0)
         self.updates_lost = prev.get("updates_lost", 0)
@@ -87,7 +92,8 @@ class ServerShards:
         for s in self.roles:
             self.runtime.call(s, "stats").result(max(self.timeout_s, 180.0))
         if self.replicate:
-            self._attach_backups(range(len(self.roles)))
+            self._attach_backups(range(len(self.roles)), placed=self._starting)
+            self._starting = {}
         self.checkpoint()
         drop_retired(retired)
 
@@ -95,12 +101,15 @@ class ServerShards:
         lo, hi = self.layout.range(k)
         return partial(ParameterShard.blank, k, lo, hi, self.optimizer, self.total)
 
-    def _attach_backups(self, ids) -> None:
-        """Give shards ``ids`` a new backup each: its spare when there is one away from the shard's node, else a
-        new process (placed together, then awaited). Each receives its primary's whole state in the same call
-        that starts the forwarding, so it misses no update. Then each places a spare for next time."""
-        placed = {}
+    def _attach_backups(self, ids, placed: dict[int, Role] | None = None) -> None:
+        """Give shards ``ids`` a new backup each: ``placed[k]`` when given, else its spare when there is one away
+        from the shard's node, else a new process (placed together, then awaited). Each receives its primary's
+        whole state in the same call that starts the forwarding, so it misses no update. Then each shard without
+        a spare places one for next time."""
+        placed = dict(placed or {})
         for k in ids:
+            if k in placed:
+                continue
             spare, self.spares[k] = self.spares[k], None
             if spare is not None and not self.runtime.avoidably_together(spare, self.roles[k]):
                 placed[k] = spare
@@ -120,7 +129,8 @@ class ServerShards:
         for k in placed:
             # Started now, ready long before it is needed: a failover then costs a state copy, not a process
             # start. Away from the backup's node, which is where the primary will be after a failover.
-            self.spares[k] = self.runtime.create_backup(k, self._blank(k), away_from=self.backups[k])
+            if self.spares[k] is None:
+                self.spares[k] = self.runtime.create_backup(k, self._blank(k), away_from=self.backups[k])
 
     def _replace_backup(self, k: int, why: str) -> None:
         """Shard ``k`` lost its backup (``why``): drop what is left of it and give the shard a new one."""

@@ -107,6 +107,7 @@ class Role:
 
     def __init__(self, kind: str, role_id: int, handle: Any):
         self.kind, self.role_id, self.handle = kind, role_id, handle
+        self.node_hint: str | None = None  # the node the runtime asked for, when it chose one (placement)
 
     @property
     def name(self) -> str:

@@ -701,10 +701,12 @@ class RayRuntime(Runtime):
         candidates = shard_nodes(self.shard_cpus, dedicated)
         if away_from is not None:
             others += list(self._shard_node.values())
-            try:
-                avoid = self.node_of(away_from)
-            except (RoleFailedError, RemoteTimeoutError):  # died already: the driver finds out next
-                avoid = None
+            avoid = getattr(away_from, "node_hint", None)  # where it was asked to go: no wait for it to start
+            if avoid is None:
+                try:
+                    avoid = self.node_of(away_from)
+                except (RoleFailedError, RemoteTimeoutError):  # died already: the driver finds out next
+                    avoid = None
             candidates = [n for n in candidates if n != avoid]
         node = least_loaded(candidates, others)
         options: dict = {"resources": {SHARD_NODE_RESOURCE: SHARD_NODE_REQUEST}} if dedicated else {}
@@ -717,16 +719,19 @@ class RayRuntime(Runtime):
         return options
 
     def create_shard(self, shard_id: int, factory) -> Role:
-        actor = RoleActor.options(num_cpus=self.shard_cpus, max_concurrency=1, max_restarts=0,
-                                  **self._shard_placement(shard_id)).remote(1, factory)
-        self._actors.append(actor)
-        return Role("shard", shard_id, actor)
+        return self._place_shard(shard_id, factory, self._shard_placement(shard_id))
 
     def create_backup(self, shard_id: int, factory, away_from: Role) -> Role:
+        return self._place_shard(shard_id, factory, self._shard_placement(shard_id, away_from=away_from))
+
+    def _place_shard(self, shard_id: int, factory, placement: dict) -> Role:
         actor = RoleActor.options(num_cpus=self.shard_cpus, max_concurrency=1, max_restarts=0,
-                                  **self._shard_placement(shard_id, away_from=away_from)).remote(1, factory)
+                                  **placement).remote(1, factory)
         self._actors.append(actor)
-        return Role("shard", shard_id, actor)
+        role = Role("shard", shard_id, actor)
+        strategy = placement.get("scheduling_strategy")
+        role.node_hint = getattr(strategy, "node_id", None)  # the node it was asked to go to, if one
+        return role
 
     def backup_link(self, backup: Role) -> "_RayLink":
         return _RayLink(backup.handle, f"backup of parameter shard {backup.role_id}", self.remote_timeout_s)

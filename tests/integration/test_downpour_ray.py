@@ -146,30 +146,29 @@ def test_fused_push_fetch_loop_equals_separate_calls_bit_for_bit(toy_data):
     assert fused.summary["replicas_zero_copy"] == 1 and separate.summary["replicas_zero_copy"] == 0
 
 
-@pytest.mark.parametrize("durability", ["log", "replicate"])
-def test_ray_shared_memory_plane_survives_a_shard_kill(toy_data, tmp_path, durability):
-    """A push waiting on a dead shard is re-sent to its replacement, which maps the same replica buffer: a shard
-    restored from its log, or (replicate) its backup, which read every forwarded push from the same buffers."""
+def test_ray_shared_memory_plane_survives_a_shard_kill(toy_data, tmp_path):
+    """A push waiting on a dead shard is re-sent to its replacement, which maps the same replica buffer — here
+    (--durability replicate) the shard's backup, which read every forwarded push from the same buffers. (A shard
+    restored from its log on Ray: test_node_loss.py; in process, bit for bit: test_durability.py.)"""
     compared = []
 
     def primary_equals_backup(trainer, record):
-        """(replicate) While the replicas hold still for an evaluation, each backup is its primary, bit for bit."""
+        """While the replicas hold still for an evaluation, each backup is its primary, bit for bit."""
         srv, rt = trainer.server, trainer.runtime
-        if durability == "replicate" and all(b is not None for b in srv.backups):
+        if all(b is not None for b in srv.backups):
             for p, b in zip(srv.roles, srv.backups):
                 (pv, pver), (bv, bver) = (rt.call(r, "fetch").result(30) for r in (p, b))
                 compared.append(pver == bver and np.array_equal(pv, bv))
 
     res = train(make_odd_model, toy_data[0], toy_data[1], quiet=True, runtime="ray", replicas=2, shards=2,
-                max_steps=300, max_seconds=0, eval_every_seconds=0.5, batch_size=8, checkpoint_every_seconds=1,
+                max_steps=300, max_seconds=0, eval_every_seconds=0.5, batch_size=8,
                 faults=Faults(kill_shard_at_step=120, kill_shard_id=1, on_evaluation=primary_equals_backup),
-                durability=durability, out=str(tmp_path / "run"))
+                durability="replicate", out=str(tmp_path / "run"))
     s = res.summary
     assert s["shard_restarts"] == 1 and s["updates_lost"] == 0
     assert s["replicas_zero_copy"] == 2 and s["replicas_colocated"] == 0  # the shm data plane, via the shards
     assert torch.isfinite(res.flat_params).all()
     # every push reaches both shards exactly once, the killed one included
     assert s["updates_per_shard"] == [600, 600]
-    if durability == "replicate":
-        assert s["backups_replaced"] == 1 and not (tmp_path / "run" / "checkpoints").exists()
-        assert compared and all(compared), compared
+    assert s["backups_replaced"] == 1 and not (tmp_path / "run" / "checkpoints").exists()
+    assert compared and all(compared), compared

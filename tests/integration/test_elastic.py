@@ -59,7 +59,7 @@ def test_replicas_join_as_a_node_arrives_and_leave_with_it_while_the_run_goes_on
             c.remove_node(seen["joined"])
 
     runtime = RayRuntime(remote_timeout_s=60)
-    cfg = RunConfig(runtime="ray", replicas=1, max_replicas=3, shards=2, batch_size=32, max_seconds=12,
+    cfg = RunConfig(runtime="ray", replicas=1, max_replicas=3, shards=2, batch_size=32, max_seconds=14,
                     eval_every_seconds=1.0, durability="off", out=str(tmp_path / "run"))
     try:
         s = train_task(cfg, quiet=True, runtime=runtime, faults=Faults(on_evaluation=probe)).summary

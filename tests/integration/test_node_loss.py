@@ -44,12 +44,12 @@ def test_losing_the_node_of_a_shard_and_replicas_the_run_still_reaches_its_targe
 
     # The two shards are spread over the two worker nodes (one each) and the 3 replicas fill their 4 CPUs, so the
     # node removed necessarily hosts a shard and a replica.
-    # Target 0.75 (chance is 0.1), reached only after the loss: the node goes at the first evaluation (1 s of
-    # training), and 3 replicas reached 0.65 only at 3 s (evaluation paused, 2026-12-04), 0.75 takes several times
+    # Target 0.7 (chance is 0.1), reached only after the loss: the node goes at the first evaluation (1 s of
+    # training), and 3 replicas reached 0.65 only at 3 s (evaluation paused, 2026-12-04), 0.7 takes longer than
     # that, plus the ~10 s the node's loss costs (actors failing, a new node's workers starting, the shard restored
     # from its checkpoint + log).
     runtime = RayRuntime(remote_timeout_s=120)
-    cfg = RunConfig(runtime="ray", replicas=3, shards=2, batch_size=128, max_seconds=150, target_accuracy=0.75,
+    cfg = RunConfig(runtime="ray", replicas=3, shards=2, batch_size=128, max_seconds=150, target_accuracy=0.7,
                     eval_every_seconds=1.0, checkpoint_every_seconds=1, durability="log", out=str(tmp_path / "run"))
     try:
         res = train_task(cfg, quiet=True, runtime=runtime,
@@ -61,7 +61,7 @@ def test_losing_the_node_of_a_shard_and_replicas_the_run_still_reaches_its_targe
     assert removed["shards"] >= 1 and removed["replicas"] >= 1
     assert s["shard_restarts"] == removed["shards"] and s["updates_lost"] == 0
     assert s["replica_restarts"] == removed["replicas"] and s["replicas_lost"] == 0
-    assert s["stop_reason"] == "target accuracy reached" and s["best_test_accuracy"] >= 0.75
+    assert s["stop_reason"] == "target accuracy reached" and s["best_test_accuracy"] >= 0.7
     assert s["time_to_target_s"] > removed["wall_s"]  # the target was reached after the loss, not before
 
 
@@ -79,8 +79,10 @@ def test_twenty_primaries_killed_in_a_row_fail_over_to_their_backups_losing_noth
             rt = trainer.runtime
             placement.append([(rt.node_of(p), rt.node_of(b)) for p, b in zip(server.roles, server.backups)])
 
-    steps = 1150
-    # The replica is slowed 2x (test tooling) so that new backups' processes start while it trains on 2 cores.
+    steps = 1000
+    # The replica is slowed 2x (test tooling) so that new backups' processes start while it trains on 2 cores
+    # (the 20 kills take ~20 s here, each waiting for the process of the shard's next spare to start; the 1000
+    # steps ~27 s).
     faults = Faults(kill_shard_at_step=10, kill_shard_times=20, kill_shard_every_steps=5, straggler_id=0,
                     straggler_slowdown=2, on_evaluation=probe)
     runtime = RayRuntime(remote_timeout_s=60)
@@ -96,5 +98,5 @@ def test_twenty_primaries_killed_in_a_row_fail_over_to_their_backups_losing_noth
     assert s["backups_replaced"] == 20 and "shard restored" not in kinds
     assert s["updates_lost"] == 0
     assert s["steps_per_replica"] == [steps] and s["updates_per_shard"] == [steps, steps]  # exactly once
-    assert s["final_test_accuracy"] >= 0.75 and s["stop_reason"] == "step limit reached"
+    assert s["final_test_accuracy"] >= 0.7 and s["stop_reason"] == "step limit reached"  # chance is 0.1
     assert placement and all(p != b for pairs in placement for p, b in pairs)  # never on the same node
