@@ -13,7 +13,7 @@ Every run has the same seed, model (the default mnist1d MLP), 2 replicas x 2 sha
 Reported per run: final and best accuracy, updates lost, re-sent pushes recognised, and per failover the time from
 the kill (or the node's removal) to the backup serving, and the time to copy the shard to a new backup.
 
-    .venv/bin/python benchmarks/failover.py [--seconds 30] [--kills 20] [--out benchmarks/results/failover-DATE]
+    .venv/bin/python benchmarks/failover.py [--seconds 60] [--kills 20] [--out benchmarks/results/failover-DATE]
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def summarize(name: str, s: dict, removed_at: float | None = None) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--seconds", type=float, default=30)
+    ap.add_argument("--seconds", type=float, default=60)
     ap.add_argument("--kills", type=int, default=20)
     ap.add_argument("--kill-at", type=int, default=100, help="the run's step (all replicas together) of the 1st kill")
     ap.add_argument("--every", type=int, default=50, help="steps between two kills")

@@ -344,7 +344,7 @@ class ParameterServerTrainer:
         return self.cfg.max_seconds - self.clock.elapsed()
 
     def _should_stop(self) -> bool:
-        if self.time_to_target is not None:
+        if self.time_to_target is not None and not (self.job.faults.finish_faults and self.faults.pending):
             self.stop_reason = self.stop_reason or "target accuracy reached"
             return True
         if self._time_left() <= 0:

@@ -330,7 +330,8 @@ class _RaySplit(SplitFuture):
 
 class _RayLink:
     """A primary shard's link to its backup actor (ps/replication.py); built in the driver, used in the primary's
-    process, where each call waits for the backup's answer (at most ``timeout_s``)."""
+    process. ``call`` waits for the backup's answer (at most ``timeout_s``); ``push`` only sends, and returns the
+    reference to the backup's acknowledgement, which the replica that pushed waits for (runtime/forwarded.py)."""
 
     def __init__(self, handle, name: str, timeout_s: float):
         self.handle, self.name, self.timeout_s = handle, name, timeout_s

@@ -11,6 +11,8 @@ count of the whole run, never at a wall-clock time, so it lands at the same poin
 - ``kill_shard_at_step`` / ``kill_shard_id``: kill that parameter shard's process the same way. With
   ``kill_shard_times = n`` (Downpour), kill a shard n times, every ``kill_shard_every_steps`` steps; the i-th kill
   hits shard ``(kill_shard_id + i) % shards`` (a failover test's kills in a row).
+- ``finish_faults`` (Downpour, sync): the run does not stop at its target accuracy before every fault above fired
+  (a failure test that must see all its failures; ``max_seconds`` still bounds the run).
 - ``portion_delay_s``, ``straggler_id``, ``straggler_slowdown`` (Sandblaster): every portion takes at least
   ``portion_delay_s``, and replica ``straggler_id`` takes ``straggler_slowdown`` times as long (emulating a slow
   machine).
@@ -40,6 +42,7 @@ class Faults:
     kill_shard_id: int = 0
     kill_shard_times: int = 1
     kill_shard_every_steps: int = 0
+    finish_faults: bool = False
     portion_delay_s: float = 0.0
     straggler_id: int = -1  # -1 = none
     straggler_slowdown: float = 1.0

@@ -144,8 +144,10 @@ class TestRayPartitionFaults:
     @pytest.mark.timeout(180)
     def test_ray_shard_process_killed_during_partitioned_run(self):
         # --durability replicate (the in-process test above restores from a log): the partitions' range clients
-        # wait for the backup's acknowledgement carried by each answer, and re-send to the backup once it took over
-        cfg, faults = partition_config("ray", kill_shard_at_step=30, kill_shard_id=1, durability="replicate")
+        # wait for the backup's acknowledgement carried by each answer, and re-send to the backup once it took over.
+        # One replica (its two partitions) is all this needs.
+        cfg, faults = partition_config("ray", kill_shard_at_step=30, kill_shard_id=1, durability="replicate",
+                                       replicas=1)
         res = train_task(cfg, quiet=True, faults=faults)
         assert_shard_recovered(res.summary)
         assert res.summary["backups_replaced"] == 1

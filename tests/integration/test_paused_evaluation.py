@@ -65,7 +65,7 @@ def test_partitioned_replicas_hold_still_while_the_driver_evaluates(runtime, req
     if runtime == "ray":
         request.getfixturevalue("ray_local")
     watch = StepWatch()
-    cfg = RunConfig(runtime=runtime, model="lc1d", replicas=2, partitions=2, shards=2, batch_size=32,
+    cfg = RunConfig(runtime=runtime, model="lc1d", replicas=1, partitions=2, shards=2, batch_size=32,
                     num_samples=2000, max_seconds=3, eval_every_seconds=0.5)
     res = train_task(cfg, quiet=True, faults=Faults(on_evaluation=watch))
     assert watch.held and all(watch.held)
