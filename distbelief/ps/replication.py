@@ -1,7 +1,8 @@
 """Shard replication (``--durability replicate``): every parameter shard has a backup, a second shard in another
 process (on another node where the cluster has one), that applies every update the primary applies, in the
-primary's order, before the primary acknowledges it. When the primary dies the backup takes its place holding
-every acknowledged update, and the replicas re-send what was not acknowledged, recognised by its (session, seq)
+primary's order; a replica counts a push as acknowledged only once both applied it (the primary's answer carries
+the backup's pending acknowledgement, and the replica waits for both: runtime/forwarded.py). When the primary dies
+the backup takes its place holding every acknowledged update, and the replicas re-send what was not acknowledged, recognised by its (session, seq)
 if the backup already has it: nothing is lost and nothing is applied twice, with no disk anywhere.
 
 The primary forwards each applied update to its backup over a *link*, which the runtime provides (a lock-guarded
