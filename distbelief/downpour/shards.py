@@ -152,27 +152,39 @@ class ServerShards:
 
     def check(self) -> None:
         """Restart any shard whose process died (from its checkpoint + log, or its backup), while the replicas keep
-        going; with ``--durability replicate``, give a new backup to any shard that lost its own."""
+        going; with ``--durability replicate``, give a new backup to any shard that lost its own — after every
+        dead shard is served again, so that one shard's new backup never delays another's failover."""
         futs = [(k, self.runtime.call(s, "stats")) for k, s in enumerate(self.roles)]
         backups = [(k, b, self.runtime.call(b, "stats")) for k, b in enumerate(self.backups) if b is not None]
+        orphans: dict[int, str] = {}  # shard -> why it needs a new backup
         for k, f in futs:
             try:
                 st = f.result(self.timeout_s)
             except RoleFailedError as e:
-                self.restart(k, e)
+                self._bring_back(k, e)
+                if self.replicate:
+                    orphans[k] = "it has no backup now"
                 continue
             if self.replicate and not st.get("has_backup"):
-                self._replace_backup(k, "a push to its backup failed" if self.backups[k] else "it has no backup")
+                orphans[k] = "a push to its backup failed" if self.backups[k] else "it has no backup"
         for k, b, f in backups:
-            if self.backups[k] is not b:  # promoted or replaced above
+            if self.backups[k] is not b or k in orphans:  # promoted above, or replaced below anyway
                 continue
             try:
                 f.result(self.timeout_s)
             except RoleFailedError as e:
-                self._replace_backup(k, f"its backup died ({e})")
+                orphans[k] = f"its backup died ({e})"
+        for k, why in orphans.items():
+            self._replace_backup(k, why)
 
     def restart(self, k: int, err: Exception) -> dict:
         """Bring dead shard ``k`` back (its backup, or a new process from its checkpoint); its stats after."""
+        st = self._bring_back(k, err)
+        if self.replicate:
+            self._replace_backup(k, "it has no backup now")
+        return st
+
+    def _bring_back(self, k: int, err: Exception) -> dict:
         if self.replicate:
             return self._fail_over(k, err)
         if self.durability is None:
@@ -213,8 +225,8 @@ class ServerShards:
 
     def _fail_over(self, k: int, err: Exception) -> dict:
         """``--durability replicate``: shard ``k``'s backup takes its place, with every update the dead one
-        acknowledged; the replicas re-send the rest (each push at most once: ps/replication.py). Then the shard
-        gets a new backup."""
+        acknowledged; the replicas re-send the rest (each push at most once: ps/replication.py). The caller then
+        gives the shard a new backup."""
         backup = self.backups[k]
         if backup is None:
             raise RoleFailedError(f"parameter shard {k} died ({err}) while it had no backup (its last one had "
@@ -247,7 +259,6 @@ class ServerShards:
                        "failover_s": round(failover_s, 3)})
         self.log(f"parameter shard {k}: its backup took over at version {st['updates']} in {failover_s:.2f}s; "
                  f"updates lost: {lost}")
-        self._replace_backup(k, "it has no backup now")
         return st
 
     def read(self, fn):

@@ -113,3 +113,24 @@ def test_a_replicated_shard_is_never_shared_with_colocated_replicas(tmp_path):
     _, primary, backup = pair()
     assert primary.handle.obj.share(str(tmp_path / "x")) is None
     assert backup.handle.obj.share(str(tmp_path / "y")) is None
+
+
+def test_every_dead_primary_is_served_again_before_any_new_backup_is_made():
+    """Two primaries found dead in one supervision tick both fail over first; only then does each get a new
+    backup (a new backup can wait for a process to start; the other shard's replicas must not)."""
+    from distbelief import RunConfig
+    from distbelief.downpour.shards import ServerShards
+
+    cfg = RunConfig(runtime="inprocess", shards=2, durability="replicate").validate()
+    rt, events = InProcessRuntime(), []
+    server = ServerShards(cfg, rt, lambda msg: None, Adagrad(lr=0.1), torch.zeros(TOTAL), None, None,
+                          hand_over=lambda k, handle: 0, on_event=events.append, prev={})
+    server.wait_ready(None)
+    first = list(server.backups)
+    rt.kill(server.roles[0])
+    rt.kill(server.roles[1])
+    server.check()
+    assert [(e["event"], e["id"]) for e in events] == [("shard failed over", 0), ("shard failed over", 1),
+                                                        ("backup replaced", 0), ("backup replaced", 1)]
+    assert server.roles == first and all(b is not None and b not in first for b in server.backups)
+    assert server.restarts == 2 and server.updates_lost == 0 and server.backups_replaced == 2
