@@ -190,30 +190,13 @@ class ServerShards:
         if self.durability is None:
             raise RoleFailedError(f"parameter shard {k} died ({err}) and --durability is off: its parameters are "
                                   f"lost (use --durability snapshot or log to survive this)") from err
-        if self._restarts_by_id[k] >= self.cfg.max_shard_restarts:
-            raise RoleFailedError(f"parameter shard {k} died again after {self.cfg.max_shard_restarts} restarts "
-                                  f"(max_shard_restarts)") from err
-        t0 = time.monotonic()
-        self.log(f"parameter shard {k} died ({err}); restarting it from its checkpoint")
-        try:
-            self.runtime.kill(self.roles[k])
-        except Exception:  # noqa: BLE001 - already gone
-            pass
+        t0 = self._retire(k, err, "restarts", "restarting it from its checkpoint")
         lo, hi = self.layout.range(k)
         role = self.runtime.create_shard(k, partial(
             ParameterShard.restore, k, lo, hi, self.optimizer, self.total, self.durability,
             self.init[lo:hi].numpy()))
         st = self.runtime.call(role, "stats").result(max(self.timeout_s, 180.0))
-        self.roles[k] = role
-        self.client.replace_shard(k, role.handle)
-        # The highest version of the dead shard any replica saw acknowledged (replicas with co-located updates
-        # were not blocked on the dead shard's process and may have applied more to its memory until now).
-        acked = self.hand_over(k, role.handle)
-        lost = max(0, acked - st["updates"])
-        self._restarts_by_id[k] += 1
-        self.restarts += 1
-        self.updates_lost += lost
-        self.recovery_s.append(time.monotonic() - t0)
+        lost = self._install(k, role, st, t0)
         self.on_event({"event": "shard restored", "id": k, "updates_lost": lost,
                        "replayed_updates": st["replayed_updates"]})
         for msg in st.get("corrupt_checkpoints") or []:
@@ -223,6 +206,34 @@ class ServerShards:
                  f"{self.recovery_s[-1]:.2f}s; updates lost: {lost}")
         return st
 
+    def _retire(self, k: int, err: Exception, what: str, then: str) -> float:
+        """Shard ``k``'s process died (``err``): refuse past max_shard_restarts, else say what comes next and
+        make sure the process is gone. Returns when this recovery started (monotonic seconds)."""
+        if self._restarts_by_id[k] >= self.cfg.max_shard_restarts:
+            raise RoleFailedError(f"parameter shard {k} died again after {self.cfg.max_shard_restarts} {what} "
+                                  f"(max_shard_restarts)") from err
+        t0 = time.monotonic()
+        self.log(f"parameter shard {k} died ({err}); {then}")
+        try:
+            self.runtime.kill(self.roles[k])
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+        return t0
+
+    def _install(self, k: int, role: Role, st: dict, t0: float) -> int:
+        """Make ``role`` (at ``st``) shard ``k`` for the driver and every replica; count the recovery that began
+        at ``t0``. Returns the updates lost: the highest version of the dead shard any replica saw acknowledged
+        (replicas with co-located updates were not blocked on the dead shard's process and may have applied more
+        to its memory until now), less the new shard's."""
+        self.roles[k] = role
+        self.client.replace_shard(k, role.handle)
+        lost = max(0, self.hand_over(k, role.handle) - st["updates"])
+        self._restarts_by_id[k] += 1
+        self.restarts += 1
+        self.updates_lost += lost
+        self.recovery_s.append(time.monotonic() - t0)
+        return lost
+
     def _fail_over(self, k: int, err: Exception) -> dict:
         """``--durability replicate``: shard ``k``'s backup takes its place, with every update the dead one
         acknowledged; the replicas re-send the rest (each push at most once: ps/replication.py). The caller then
@@ -231,30 +242,15 @@ class ServerShards:
         if backup is None:
             raise RoleFailedError(f"parameter shard {k} died ({err}) while it had no backup (its last one had "
                                   f"failed and was not replaced yet): its parameters are lost") from err
-        if self._restarts_by_id[k] >= self.cfg.max_shard_restarts:
-            raise RoleFailedError(f"parameter shard {k} died again after {self.cfg.max_shard_restarts} "
-                                  f"failovers (max_shard_restarts)") from err
-        t0 = time.monotonic()
-        self.log(f"parameter shard {k} died ({err}); its backup takes over")
-        try:
-            self.runtime.kill(self.roles[k])
-        except Exception:  # noqa: BLE001 - already gone
-            pass
+        t0 = self._retire(k, err, "failovers", "its backup takes over")
         self.backups[k] = None
         try:
             st = self.runtime.call(backup, "stats").result(self.timeout_s)
         except RoleFailedError as e:
             raise RoleFailedError(f"parameter shard {k} died ({err}) and so did its backup ({e}): its parameters "
                                   f"are lost") from e
-        self.roles[k] = backup
-        self.client.replace_shard(k, backup.handle)
-        acked = self.hand_over(k, backup.handle)
-        lost = max(0, acked - st["updates"])
-        failover_s = time.monotonic() - t0
-        self._restarts_by_id[k] += 1
-        self.restarts += 1
-        self.updates_lost += lost
-        self.recovery_s.append(failover_s)
+        lost = self._install(k, backup, st, t0)
+        failover_s = self.recovery_s[-1]
         self.on_event({"event": "shard failed over", "id": k, "updates_lost": lost, "version": st["updates"],
                        "failover_s": round(failover_s, 3)})
         self.log(f"parameter shard {k}: its backup took over at version {st['updates']} in {failover_s:.2f}s; "
