@@ -273,7 +273,8 @@ class Runtime(ABC):
 
     def backup_link(self, backup: Role) -> Any:
         """What a primary shard forwards its updates through to ``backup`` (``ReplicatedShard.attach_backup``):
-        picklable, with ``call(method, *args)`` that raises RoleFailedError or RemoteTimeoutError, never hangs."""
+        picklable, with the link protocol of ps/replication.py (``call``, ``push``, ``version_of``, ``handoff``),
+        each raising RoleFailedError or RemoteTimeoutError when the backup is gone, never hanging."""
         raise ConfigError("durability", f"the {self.name} runtime cannot replicate parameter shards")
 
     def create_clocks(self, bound: int):

@@ -9,7 +9,7 @@ count of the whole run, never at a wall-clock time, so it lands at the same poin
   this many steps together (Downpour, sync, Hogwild, DDP; Sandblaster: iterations). ``kill_partition_id`` kills
   only that partition of a model-parallel replica.
 - ``kill_shard_at_step`` / ``kill_shard_id``: kill that parameter shard's process the same way. With
-  ``kill_shard_times = n`` (Downpour), kill a shard n times, every ``kill_shard_every_steps`` steps; the i-th kill
+  ``kill_shard_times = n`` (Downpour, sync), kill a shard n times, every ``kill_shard_every_steps`` steps; the i-th kill
   hits shard ``(kill_shard_id + i) % shards`` (a failover test's kills in a row).
 - ``finish_faults`` (Downpour, sync): the run does not stop at its target accuracy before every fault above fired
   (a failure test that must see all its failures; ``max_seconds`` still bounds the run).
@@ -67,6 +67,8 @@ class Faults:
                 warnings.warn("kill_partition_id has no effect without kill_replica_at_step", stacklevel=2)
         if self.kill_shard_at_step and not 0 <= self.kill_shard_id < shards:
             raise ConfigError("kill_shard_id", f"must name a shard in [0, {shards}), got {self.kill_shard_id}")
+        if self.kill_shard_times < 1:
+            raise ConfigError("kill_shard_times", f"must be >= 1, got {self.kill_shard_times}")
         if self.kill_shard_times > 1 and not self.kill_shard_every_steps:
             raise ConfigError("kill_shard_every_steps", "must be > 0 when kill_shard_times > 1 (the steps between "
                                                         "two kills)")

@@ -160,7 +160,7 @@ def test_throughput_quick_writes_medians_ratios_and_targets(tmp_path):
     from distbelief.bench.throughput import QUICK_METHODS
 
     out = tmp_path / "throughput"
-    r = subprocess.run(PY + ["bench", "throughput", "--quick", "--max-seconds", "1.5", "--out", str(out)], capture_output=True, text=True,
+    r = subprocess.run(PY + ["bench", "throughput", "--quick", "--max-seconds", "1", "--out", str(out)], capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "[throughput] quick downpour repeat 1/1:" in r.stderr  # one progress line per run

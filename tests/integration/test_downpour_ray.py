@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.usefixtures("ray_lo
 
 def test_ray_mnist1d_two_replicas_two_shards_adagrad_reaches_80_percent(tmp_path):
     cfg = RunConfig(runtime="ray", replicas=2, shards=2, optimizer="adagrad", lr=0.05, batch_size=128,
-                    max_seconds=120, target_accuracy=0.80, eval_every_seconds=3, out=str(tmp_path / "run"))
+                    max_seconds=120, target_accuracy=0.80, eval_every_seconds=1, out=str(tmp_path / "run"))
     train_task(cfg, quiet=True)
     summary, _ = check_run_dir(tmp_path / "run", "downpour")
     assert summary["runtime"] == "ray"
@@ -160,15 +160,15 @@ def test_ray_shared_memory_plane_survives_a_shard_kill(toy_data, tmp_path):
                 (pv, pver), (bv, bver) = (rt.call(r, "fetch").result(30) for r in (p, b))
                 compared.append(pver == bver and np.array_equal(pv, bv))
 
-    res = train(make_odd_model, toy_data[0], toy_data[1], quiet=True, runtime="ray", replicas=2, shards=2,
-                max_steps=200, max_seconds=0, eval_every_seconds=0.5, batch_size=8,
+    res = train(make_odd_model, toy_data[0], toy_data[1], quiet=True, runtime="ray", replicas=1, shards=2,
+                max_steps=300, max_seconds=0, eval_every_seconds=0.5, batch_size=8,
                 faults=Faults(kill_shard_at_step=80, kill_shard_id=1, on_evaluation=primary_equals_backup),
                 durability="replicate", out=str(tmp_path / "run"))
     s = res.summary
     assert s["shard_restarts"] == 1 and s["updates_lost"] == 0
-    assert s["replicas_zero_copy"] == 2 and s["replicas_colocated"] == 0  # the shm data plane, via the shards
+    assert s["replicas_zero_copy"] == 1 and s["replicas_colocated"] == 0  # the shm data plane, via the shards
     assert torch.isfinite(res.flat_params).all()
     # every push reaches both shards exactly once, the killed one included
-    assert s["updates_per_shard"] == [400, 400]
+    assert s["updates_per_shard"] == [300, 300]
     assert s["backups_replaced"] == 1 and not (tmp_path / "run" / "checkpoints").exists()
     assert compared and all(compared), compared

@@ -87,7 +87,7 @@ def test_twenty_primaries_killed_in_a_row_fail_over_to_their_backups_losing_noth
                     straggler_slowdown=2, finish_faults=True, on_evaluation=probe)
     runtime = RayRuntime(remote_timeout_s=60)
     cfg = RunConfig(runtime="ray", replicas=1, shards=2, batch_size=128, max_seconds=150, target_accuracy=0.7,
-                    eval_every_seconds=1.0, durability="replicate", max_shard_restarts=10, out=str(tmp_path / "run"))
+                    eval_every_seconds=2.0, durability="replicate", max_shard_restarts=10, out=str(tmp_path / "run"))
     try:
         s = train_task(cfg, quiet=True, runtime=runtime, faults=faults).summary
     finally:

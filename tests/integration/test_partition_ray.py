@@ -58,7 +58,7 @@ def test_ray_downpour_lc1d_two_replicas_two_partitions_two_shards_learns(tmp_pat
     for 0.5, five times chance). Reaching 80% with the same 2 x 2 x 2 layout is tested in-process
     (test_partition_downpour), where it takes under a minute instead of a minute and a half."""
     cfg = RunConfig(runtime="ray", model="lc1d", replicas=2, partitions=2, shards=2, optimizer="adagrad",
-                    lr=0.05, batch_size=128, max_seconds=120, target_accuracy=0.5, eval_every_seconds=2,
+                    lr=0.05, batch_size=128, max_seconds=120, target_accuracy=0.5, eval_every_seconds=1,
                     out=str(tmp_path / "run"))
     train_task(cfg, quiet=True)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())

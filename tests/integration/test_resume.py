@@ -59,12 +59,12 @@ def test_driver_killed_then_resumed_continues_metrics_and_counters(tmp_path):
                 "--durability", "log", "--out", str(out)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_for_evals(out, 4)
+        wait_for_evals(out, 3)
     finally:
         proc.send_signal(signal.SIGKILL)  # no clean-up of any kind
         proc.wait(30)
     before = metrics(out)
-    r = subprocess.run(PY + ["train", "--resume", str(out), "--max-seconds", str(before[-1]["wall_s"] + 4)],
+    r = subprocess.run(PY + ["train", "--resume", str(out), "--max-seconds", str(before[-1]["wall_s"] + 3)],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "resuming from" in r.stderr
