@@ -9,14 +9,14 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-from distbelief.config import (APPLIES_TO, DURABILITY_MODES, FIELD_HELP, LOCAL_STRATEGIES, SECTIONS, RunConfig,
-                               config_from, ignored_by_strategy, load_toml, saved_run_values, section_of)
+from distbelief.config import (APPLIES_TO, DURABILITY_MODES, FIELD_HELP, LOCAL_STRATEGIES, OPTIMIZERS, SECTIONS,
+                               RunConfig, config_from, ignored_by_strategy, load_toml, saved_run_values, section_of)
 from distbelief.exceptions import ClusterUnreachableError, ConfigError, DistBeliefError
 
 CHOICES = {
     "task": ("mnist1d", "speech", "shapes"),
     "strategy": ("sgd", "sync", "downpour", "sandblaster", "hogwild", "ddp"),
-    "optimizer": ("auto", "sgd", "adagrad"),
+    "optimizer": OPTIMIZERS,
     "runtime": ("ray", "inprocess"),
     "durability": DURABILITY_MODES,
     "evaluation": ("auto", "paused", "concurrent"),

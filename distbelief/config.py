@@ -24,6 +24,7 @@ from distbelief.config_files import (
     upgrade_legacy,
 )
 from distbelief.exceptions import ConfigError
+from distbelief.ps.rules import RULES, has_torch_optimizer
 
 __all__ = [
     "APPLIES_TO", "CONSISTENCY_MODES", "DURABILITY_MODES", "EVALUATION_MODES", "FIELD_HELP", "LOCAL_STRATEGIES",
@@ -34,7 +35,8 @@ __all__ = [
 STRATEGIES = ("sgd", "sync", "downpour", "sandblaster", "hogwild", "ddp")
 LOCAL_STRATEGIES = ("hogwild", "ddp")  # torch.multiprocessing baselines: this machine, no parameter server
 CONSISTENCY_MODES = ("async", "ssp", "sync")  # Downpour's consistency knob (docs/consistency.md)
-OPTIMIZERS = ("auto", "sgd", "adagrad")  # auto: adagrad on a parameter server (downpour, sync), sgd otherwise
+# The server update rules (distbelief/ps/rules); auto: adagrad on a parameter server (downpour, sync), sgd otherwise
+OPTIMIZERS = ("auto", *RULES)
 DURABILITY_MODES = ("off", "snapshot", "log", "replicate")
 EVALUATION_MODES = ("auto", "paused", "concurrent")
 RUNTIMES = ("ray", "inprocess")
@@ -154,7 +156,7 @@ class RunConfig:
         choose("task", self.task, TASKS)
         choose("model", self.model, MODELS)
         choose("strategy", self.strategy, STRATEGIES)
-        choose("optimizer", self.optimizer, OPTIMIZERS)
+        choose("optimizer", self.optimizer, ("auto", *RULES))  # RULES, not OPTIMIZERS: rules registered later too
         choose("consistency", self.consistency, CONSISTENCY_MODES)
         choose("runtime", self.runtime, RUNTIMES)
         choose("durability", self.durability, DURABILITY_MODES)
@@ -248,6 +250,7 @@ class RunConfig:
         if self.task == "speech" and not 0 <= self.num_classes <= 8192:
             raise ConfigError("num_classes", f"speech supports up to 8192 classes, got {self.num_classes}")
         self._check_sandblaster()
+        self._check_optimizer()
         self._check_consistency()
         self._check_elastic()
         self._check_device()
@@ -267,6 +270,16 @@ class RunConfig:
             raise ConfigError("durability", "replicate keeps backups of Downpour's parameter shards (downpour and "
                                             "sync); sandblaster recovers its shards from iteration checkpoints: "
                                             "use durability snapshot or log (or off)")
+
+    def _check_optimizer(self) -> None:
+        """The sgd (one partition), hogwild and ddp strategies train with ``torch.optim``: the rule needs a
+        counterpart there (partitioned sgd applies the server rule itself)."""
+        torch_optim = self.strategy in LOCAL_STRATEGIES or (self.strategy == "sgd" and self.partitions == 1)
+        if torch_optim and not has_torch_optimizer(self.optimizer):
+            with_torch = ", ".join(n for n in RULES if has_torch_optimizer(n))
+            raise ConfigError("optimizer", f"{self.optimizer} is a parameter-server rule with no torch.optim "
+                                           f"counterpart; the {self.strategy} strategy trains with torch.optim: "
+                                           f"choose one of {with_torch}, or strategy downpour or sync")
 
     def _check_elastic(self) -> None:
         if not self.max_replicas:
@@ -364,9 +377,9 @@ FIELD_HELP: dict[str, str] = {
                   "mlp and speech models)",
     "fetch_every": "n_fetch: fetch parameters every N steps",
     "push_every": "n_push: push the accumulated gradient every N steps",
-    "optimizer": "update rule: sgd (fixed rate) or adagrad (the paper's, a rate per parameter); applied by the "
-                 "shards for downpour and sync, by torch.optim for sgd, hogwild and ddp; auto = adagrad for downpour "
-                 "and sync, sgd otherwise",
+    "optimizer": "update rule: " + "; ".join(f"{name} ({cls.summary})" for name, cls in RULES.items())
+                 + "; applied by the shards for downpour and sync, by torch.optim for sgd, hogwild and ddp; auto = "
+                   "adagrad for downpour and sync, sgd otherwise",
     "lr": "learning rate of the update rule (gamma for adagrad, eta for sgd), on the shards or in the sgd, "
           "hogwild and ddp workers (0 = the recommended rate for the model, strategy and server optimizer, "
           "from distbelief/defaults.py: e.g. mlp 0.05 with adagrad; unused by sandblaster's L-BFGS)",

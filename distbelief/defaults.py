@@ -9,6 +9,8 @@ a DivergedError that names ``--lr``.
 
 from __future__ import annotations
 
+from distbelief.exceptions import ConfigError
+
 # ---------------------------------------------------------------- classes of the speech task
 SPEECH_CLASSES = 256  # the small speech models' default: quick to train on one machine
 PAPER_SPEECH_CLASSES = 8192  # the paper's output layer: 440-2560x4-8192, about 42M parameters
@@ -46,11 +48,20 @@ RECOMMENDED_LR: dict[tuple[str, str], float] = {
     ("speech-paper", "adagrad"): 0.001, ("speech-paper", "sgd"): 0.05,
 }
 FALLBACK_LR = {"adagrad": 0.01, "sgd": 0.05}  # a model not in the table (none shipped today)
+# Rules that take the rate of another: row-wise Adagrad's step on a row is about lr, as Adagrad's on a float.
+SAME_LR_AS = {"rowwise-adagrad": "adagrad"}
 
 
 def recommended_lr(model: str, strategy: str, optimizer: str) -> float:
     """The rate that ``lr = 0`` means for this model and update rule. Sandblaster's L-BFGS takes no rate (its
-    line search chooses every step), so it gets the rule's rate only to have a number in config.toml."""
+    line search chooses every step), so it gets the rule's rate only to have a number in config.toml.
+
+    Raises:
+        ConfigError: ``lr``, for a rule with no measured rate (set one).
+    """
+    optimizer = SAME_LR_AS.get(optimizer, optimizer)
+    if optimizer not in FALLBACK_LR:
+        raise ConfigError("lr", f"no recommended rate for optimizer {optimizer!r}; set lr > 0")
     return RECOMMENDED_LR.get((model, optimizer), FALLBACK_LR[optimizer])
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import torch
 from torch import nn
 
 # name -> (hidden widths, activation). Speech models follow the paper: sigmoid units, softmax output.
@@ -17,7 +18,7 @@ _MLPS = {
 }
 # Locally connected (untied) models, built as PartitionedModels so that --partitions can split them.
 _LOCAL = ("lc1d", "lc-image-small", "lc-image-medium")
-MODELS = tuple(_MLPS) + ("cnn",) + _LOCAL
+MODELS = tuple(_MLPS) + ("cnn",) + _LOCAL + ("dlrm-small",)
 PARTITIONABLE = tuple(_MLPS) + _LOCAL  # models that --partitions P > 1 can split
 
 
@@ -75,11 +76,64 @@ class MNIST1DConvNet(nn.Module):
         return self.head(self.net(x))
 
 
-def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, partitions: int = 1) -> nn.Module:
+class DLRM(nn.Module):
+    """DLRM (Naumov et al., 2019) for one float32 row per example: ``x[:, :num_dense]`` dense features and
+    ``x[:, num_dense:]`` one id per categorical field (exact integers in float32). A bottom MLP maps the dense
+    features to a ``dim``-vector; each field's id picks a row of its own ``EmbeddingBag`` (sparse gradients: a step
+    touches only the rows of its batch); the pairwise dot products of those 1 + fields vectors (upper triangle)
+    and the dense vector feed the top MLP, whose output is one click logit per example, shape [B]."""
+
+    def __init__(self, cardinalities, num_dense: int = 13, dim: int = 16, bottom: tuple[int, ...] = (64,),
+                 top: tuple[int, ...] = (64,)):
+        super().__init__()
+        self.num_dense, self.dim = num_dense, dim
+        layers: list[nn.Module] = []
+        prev = num_dense
+        for w in (*bottom, dim):
+            layers += [nn.Linear(prev, w), nn.ReLU()]
+            prev = w
+        self.bottom = nn.Sequential(*layers)
+        self.embeddings = nn.ModuleList(nn.EmbeddingBag(int(n), dim, mode="sum", sparse=True) for n in cardinalities)
+        for e in self.embeddings:  # DLRM's init: U(-1/sqrt(rows), 1/sqrt(rows))
+            nn.init.uniform_(e.weight, -(1.0 / e.num_embeddings) ** 0.5, (1.0 / e.num_embeddings) ** 0.5)
+        n_vec = 1 + len(self.embeddings)
+        rows, cols = torch.triu_indices(n_vec, n_vec, offset=1)
+        self.register_buffer("_pairs", rows * n_vec + cols, persistent=False)  # upper triangle of [n_vec, n_vec]
+        layers, prev = [], n_vec * (n_vec - 1) // 2 + dim
+        for w in top:
+            layers += [nn.Linear(prev, w), nn.ReLU()]
+            prev = w
+        self.top = nn.Sequential(*layers, nn.Linear(prev, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = self.bottom(x[:, : self.num_dense])  # [B, dim]
+        ids = x[:, self.num_dense:].long()  # [B, fields]
+        vecs = [z] + [e(ids[:, f : f + 1]) for f, e in enumerate(self.embeddings)]  # each [B, dim]: a bag of 1
+        t = torch.stack(vecs, dim=1)  # [B, 1 + fields, dim]
+        dots = torch.bmm(t, t.transpose(1, 2)).flatten(1)[:, self._pairs]  # [B, n(n-1)/2]
+        return self.top(torch.cat([z, dots], dim=1)).squeeze(1)  # [B]
+
+
+def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, partitions: int = 1, *,
+                cardinalities: tuple[int, ...] | None = None) -> nn.Module:
     """Build a named model for inputs of ``input_shape`` (without batch) and ``num_classes`` outputs.
 
-    With ``partitions > 1`` (or a locally connected model) the result is a PartitionedModel.
+    With ``partitions > 1`` (or a locally connected model) the result is a PartitionedModel. ``dlrm-small`` (the
+    ctr task's) needs the row count of every categorical field in ``cardinalities`` (``Task.cardinalities``);
+    its input holds ``input_shape[0] - len(cardinalities)`` dense features, then one id per field, and it
+    outputs one logit per example (``num_classes`` is not used).
     """
+    if name == "dlrm-small":
+        if partitions > 1:
+            raise ValueError("model 'dlrm-small' cannot be partitioned; use partitions = 1")
+        if not cardinalities:
+            raise ValueError("model 'dlrm-small' needs the categorical fields' row counts (cardinalities=...); "
+                             "it trains on the ctr task")
+        num_dense = math.prod(input_shape) - len(cardinalities)
+        if num_dense < 1:
+            raise ValueError(f"dlrm-small: inputs of shape {input_shape} hold no dense features next to "
+                             f"{len(cardinalities)} categorical fields")
+        return DLRM(cardinalities, num_dense=num_dense)
     if partitions > 1 or name in _LOCAL:
         return build_partitioned(name, input_shape, num_classes, partitions)
     d_in = math.prod(input_shape)

@@ -19,6 +19,7 @@ import torch
 
 from distbelief.files import atomic_write
 from distbelief.ps.checkpoint import latest_good_checkpoint
+from distbelief.ps.rules import persistent
 from distbelief.ps.shard import PARAMS, Durability, ParameterShard
 
 STATE_FILE = "trainer_state.json"
@@ -63,9 +64,7 @@ def load_server_state(ckpt_root: str | Path, total: int, optimizer) -> ServerSta
                                        Durability(str(root), wal=False), write_base=False)
         corrupt += shard.corrupt_checkpoints
         params[lo:hi] = shard.vectors[PARAMS]
-        for k, v in shard.opt_state.items():
-            if k.startswith("tmp"):
-                continue
+        for k, v in persistent(optimizer, shard.opt_state).items():
             opt.setdefault(k, torch.zeros(total))[lo:hi] = v
         versions.append((lo, hi, shard.version))
         examples = max(examples, shard.examples)

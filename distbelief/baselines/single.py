@@ -12,15 +12,16 @@ from distbelief.devices import resolve_device
 from distbelief.data.batches import BatchSource, StreamBatches
 from distbelief.data.loading import stream_of
 from distbelief.metrics import RunRecorder
+from distbelief.ps.rules import make_rule
 from distbelief.summary import RunSummary
 
 
-def make_torch_optimizer(cfg, params):
-    """``torch.optim`` for ``cfg.optimizer`` (SGD or Adagrad) with the run's settings."""
-    if cfg.optimizer == "adagrad":
-        return torch.optim.Adagrad(params, lr=cfg.lr, eps=cfg.adagrad_eps,
-                                   initial_accumulator_value=cfg.adagrad_initial_accumulator)
-    return torch.optim.SGD(params, lr=cfg.lr)
+def make_torch_optimizer(cfg, params) -> torch.optim.Optimizer:
+    """``torch.optim`` for the server rule ``cfg.optimizer`` (its ``torch_optimizer``) with the run's settings.
+    ``RunConfig.validate`` has refused a rule without one."""
+    rule = make_rule(cfg.optimizer, lr=cfg.lr, eps=cfg.adagrad_eps,
+                     initial_accumulator=cfg.adagrad_initial_accumulator)
+    return rule.torch_optimizer(params)
 
 
 class SingleProcessRun(OneReplicaRun):

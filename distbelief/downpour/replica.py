@@ -170,11 +170,11 @@ class LocalUpdates:
     def fetch_async(self) -> Done:
         return Done(([], []))
 
-    def push_async(self, grad: torch.Tensor, versions, num_examples: int) -> Done:
+    def push_async(self, grad: torch.Tensor, versions, num_examples: int, rows=None) -> Done:
         self.optimizer.apply(self.params, grad, self.state)
         return Done([])
 
-    def push_fetch_async(self, grad: torch.Tensor, versions, num_examples: int) -> Done:
+    def push_fetch_async(self, grad: torch.Tensor, versions, num_examples: int, rows=None) -> Done:
         self.push_async(grad, versions, num_examples)
         return self.fetch_async()
 
@@ -207,6 +207,8 @@ class ModelReplica:
         shared = client.shared_buffers() if self.fused else None
         self.zero_copy = shared is not None and source.adopt_buffers(shared)
         self.accrued = torch.zeros_like(source.grads)
+        # A model with embedding tables (downpour/sparse.py) pushes its row-sparse gradient with the dense one.
+        self._take_rows = getattr(source, "take_rows", None)
         self._stop = threading.Event()
         self._go = threading.Event()  # cleared by pause(): the loop waits at its next step boundary
         self._go.set()
@@ -306,6 +308,8 @@ class ModelReplica:
             src, dst = torch.as_tensor(values), flat[lo : lo + len(values)]
             if src.data_ptr() != dst.data_ptr():  # not already in place (a shard wrote our shared buffer)
                 dst.copy_(src)
+        if self._take_rows is not None:
+            self.source.on_fetch()  # embedding rows are due for a refresh too (downpour/sparse.py)
         self.wait_s += time.perf_counter() - t0
         return versions
 
@@ -414,7 +418,8 @@ class ModelReplica:
 
             if acc_count == s.push_every:
                 if self.fused and local_step + 1 < limit:  # the next parameters come back with the push's reply
-                    pending_fetch = self.client.push_fetch_async(src.grads, acc_versions, acc_examples)
+                    pending_fetch = self.client.push_fetch_async(src.grads, acc_versions, acc_examples,
+                                                                 **self._rows())
                     self.pushes += 1
                     self.push_fetches += 1
                 else:
@@ -441,9 +446,13 @@ class ModelReplica:
             previous.result(self.settings.remote_timeout_s)
         self.wait_s += time.perf_counter() - t0
         buf = self.source.grads if self.settings.push_every == 1 else self.accrued
-        handle = self.client.push_async(buf, versions, num_examples)
+        handle = self.client.push_async(buf, versions, num_examples, **self._rows())
         self.pushes += 1
         return handle
+
+    def _rows(self) -> dict:
+        """The push's ``rows=`` argument for a model with embedding tables (none for a dense model)."""
+        return {} if self._take_rows is None else {"rows": self._take_rows()}
 
     # -- synchronous data parallelism (one step, driven by the trainer) --
     def sync_step(self) -> tuple:
@@ -500,5 +509,11 @@ class ReplicaRecipe:
 
     def __call__(self, client) -> ModelReplica:
         model, batches = self.model_and_batches()
-        source = WholeModel(self.replica_id, model, self.loss_fn, device=self.settings.device)
+        if getattr(client.layout, "tables", ()):  # embedding tables row-sharded on the shards
+            from distbelief.downpour.sparse import SparseModel
+
+            source = SparseModel(self.replica_id, model, self.loss_fn, client.layout, client,
+                                 local_lr=self.settings.local_lr, timeout_s=self.settings.remote_timeout_s)
+        else:
+            source = WholeModel(self.replica_id, model, self.loss_fn, device=self.settings.device)
         return ModelReplica(self.replica_id, source, batches, client, self.settings, clocks=self.clocks)

@@ -18,6 +18,7 @@ import torch
 from distbelief.exceptions import RemoteTimeoutError, RoleFailedError
 from distbelief.ps.shard import Durability, ParameterShard
 from distbelief.ps.sharding import ShardLayout
+from distbelief.ps.slicer import Slicer
 from distbelief.resume import drop_retired
 from distbelief.runtime.base import Role, Runtime
 
@@ -48,21 +49,29 @@ class ServerShards:
         hand_over: ``hand_over(shard_id, handle) -> acked`` points every running replica at a restarted shard and
             returns the highest version of the dead one any replica saw acknowledged (to count updates lost).
         on_event: ``on_event(record)`` for each restored shard (the trainer adds the training-clock time).
+        slicer: the model's ``Slicer`` when it has embedding tables (their rows are then held row-sharded, and
+            ``layout`` is the slicer: dense ranges over the dense part, see ps/slicer.py); None for a dense model.
     """
 
     def __init__(self, cfg, runtime: Runtime, log: Callable[[str], None], optimizer, init: torch.Tensor,
                  durability: Durability | None, server_state, hand_over: Callable[[int, object], int],
-                 on_event: Callable[[dict], None], prev: dict):
+                 on_event: Callable[[dict], None], prev: dict, slicer: Slicer | None = None):
         self.cfg, self.runtime, self.log = cfg, runtime, log
         self.optimizer, self.init, self.durability = optimizer, init, durability
         self.hand_over, self.on_event = hand_over, on_event
         self.timeout_s = cfg.remote_timeout_s
-        self.total = init.numel()
-        self.layout = ShardLayout.balanced(self.total, cfg.shards)
+        self.total = init.numel()  # the whole model, tables included
+        self.tabled = slicer is not None and slicer.has_tables
+        self.layout = slicer if self.tabled else ShardLayout.balanced(self.total, cfg.shards)
+        # what the shards' dense ranges index: the dense part of a model with tables, else the whole vector
+        self.dense_init = self.layout.to_dense(init) if self.tabled else init
         self.roles: list[Role] = []
         for k in range(cfg.shards):
             lo, hi = self.layout.range(k)
-            if server_state is not None:
+            if self.tabled:
+                factory = partial(ParameterShard, k, lo, hi, self.dense_init[lo:hi].numpy(), optimizer,
+                                  self.layout.total, durability, tables=self._tables_arg(k))
+            elif server_state is not None:
                 values, opt_state, counters = server_state.slice_for(lo, hi)
                 factory = partial(ParameterShard, k, lo, hi, values.numpy(), optimizer, self.total, durability,
                                   {n: v.numpy() for n, v in opt_state.items()}, counters)
@@ -96,6 +105,13 @@ class ServerShards:
             self._starting = {}
         self.checkpoint()
         drop_retired(retired)
+
+    def _tables_arg(self, k: int) -> tuple | None:
+        """Shard ``k``'s ``tables`` argument: its rows of the initial parameters (a restarted shard without a
+        checkpoint starts from them too)."""
+        if not self.tabled:
+            return None
+        return self.layout.tables, self.layout.num_shards, self.layout.shard_rows(self.init, k), None
 
     def _blank(self, k: int) -> Callable:
         lo, hi = self.layout.range(k)
@@ -193,8 +209,8 @@ class ServerShards:
         t0 = self._retire(k, err, "restarts", "restarting it from its checkpoint")
         lo, hi = self.layout.range(k)
         role = self.runtime.create_shard(k, partial(
-            ParameterShard.restore, k, lo, hi, self.optimizer, self.total, self.durability,
-            self.init[lo:hi].numpy()))
+            ParameterShard.restore, k, lo, hi, self.optimizer, self.layout.total, self.durability,
+            self.dense_init[lo:hi].numpy(), tables=self._tables_arg(k)))
         st = self.runtime.call(role, "stats").result(max(self.timeout_s, 180.0))
         lost = self._install(k, role, st, t0)
         self.on_event({"event": "shard restored", "id": k, "updates_lost": lost,
@@ -270,11 +286,16 @@ class ServerShards:
     def params(self) -> torch.Tensor:
         """The server's flat parameters (a copy)."""
         parts, _ = self.client.fetch_async().result(self.timeout_s)
-        flat = torch.empty(self.total, dtype=torch.float32)
+        flat = torch.empty(self.layout.total, dtype=torch.float32)
         out = flat.numpy()
         for lo, values in parts:
             out[lo : lo + len(values)] = values  # numpy copy: the values may be a read-only view of Ray's store
-        return flat
+        if not self.tabled:
+            return flat
+        n_tables = len(self.layout.tables)
+        futs = [[self.runtime.call(s, "read_table", t) for t in range(n_tables)] for s in self.roles]
+        rows = [[f.result(self.timeout_s) for f in per_shard] for per_shard in futs]
+        return self.layout.assemble(flat, rows)
 
     def stats(self) -> list[dict]:
         futs = [self.runtime.call(s, "stats") for s in self.roles]

@@ -25,6 +25,7 @@ from distbelief.job import Job
 from distbelief.metrics import Clock, EvalSchedule, RunRecorder
 from distbelief.ps.optimizers import make_server_optimizer
 from distbelief.ps.sharding import flatten, unflatten_into
+from distbelief.ps.slicer import Slicer
 from distbelief.resume import load_server_state, read_trainer_state, retire_checkpoints, write_trainer_state
 from distbelief.runtime.base import Future, Role, Runtime
 from distbelief.summary import RunSummary, rate
@@ -89,8 +90,10 @@ class ParameterServerTrainer:
         self.events: list[dict] = []  # failures and recoveries, with training-clock times
         self.clock: Clock | None = None
         p = self.prev
+        slicer = Slicer.for_model(self.eval_model, cfg.shards)  # embedding tables row-sharded, if the model has any
         self.server = ServerShards(cfg, runtime, self.rec.log, self.optimizer, init, self.durability, server_state,
-                                   hand_over=self._hand_over, on_event=self._event, prev=p)
+                                   hand_over=self._hand_over, on_event=self._event, prev=p,
+                                   slicer=slicer if slicer.has_tables else None)
         self.layout, self.client = self.server.layout, self.server.client
         self._warmstart_done = False
         self.settings = ReplicaSettings(

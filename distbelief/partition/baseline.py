@@ -1,5 +1,5 @@
 """The paper's single-replica baseline with model parallelism: one replica split into P partitions, each
-partition applying the update rule (SGD or Adagrad, as ``optimizer``) to its own parameters — no parameter
+partition applying the server update rule ``optimizer`` (distbelief/ps/rules) to its own parameters — no parameter
 server. ``distbelief train --strategy sgd --partitions P``.
 
 The loop shell (clock, evaluation cadence, stop conditions, summary) is single-process SGD's
@@ -16,7 +16,7 @@ from distbelief.downpour.replica import ReplicaSettings
 from distbelief.metrics import RunRecorder
 from distbelief.partition.replica import PartitionRecipe
 from distbelief.partition.stats import messaging_metrics
-from distbelief.ps.optimizers import make_server_optimizer
+from distbelief.ps.rules import make_rule
 from distbelief.ps.sharding import unflatten_into
 from distbelief.summary import RunSummary
 
@@ -28,7 +28,8 @@ class PartitionedRun(OneReplicaRun):
         super().__init__(job, recorder)
         cfg = job.cfg
         self.runtime, self.runtime_name = runtime, runtime.name
-        rule = make_server_optimizer(cfg.optimizer, cfg.lr, cfg.adagrad_eps, cfg.adagrad_initial_accumulator)
+        rule = make_rule(cfg.optimizer, lr=cfg.lr, eps=cfg.adagrad_eps,
+                         initial_accumulator=cfg.adagrad_initial_accumulator)
         settings = ReplicaSettings(remote_timeout_s=cfg.remote_timeout_s)
         recipe = PartitionRecipe(0, 1, job.model_fn, job.train_data, cfg.batch_size, cfg.seed, settings,
                                  job.loss_fn, local_optimizer=rule)

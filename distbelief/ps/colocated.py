@@ -38,25 +38,32 @@ class ColocatedShard:
         d = descriptor
         self.lock = ShardLock(d["lock"], timeout_s)
         # The same object the shard's process runs, over the same memory: the push path is shared code.
+        specs, num_shards = d.get("tables", ((), 1))
         self.view = ParameterShard(d["shard_id"], d["lo"], d["hi"], None, d["optimizer"], d["total"],
-                                   storage=open_storage(d["files"]), lock=self.lock)
+                                   storage=open_storage(d["files"]), lock=self.lock,
+                                   tables=(specs, num_shards, None, None))
         self.every_updates, self.every_seconds = d["every_updates"], d["every_seconds"]
         self.acked = 0
 
     def push_fetch(self, grad: np.ndarray | None, based_on: int, num_examples: int,
-                   out: np.ndarray | None) -> tuple[int, int, bool]:
-        """Apply the push (``grad`` covers the whole flat vector; None = no push), then copy the parameters into
-        ``out[lo:hi]`` (None = no fetch), atomically. Returns ``(version after the push, version copied,
-        snapshot requested)``: the last is True once when a snapshot fell due, and the caller then asks the
-        shard's process to write one (``ParameterShard.request_snapshot``)."""
+                   out: np.ndarray | None, rows: list | None = None) -> tuple[int, int, bool]:
+        """Apply the push (``grad`` covers the whole flat vector; None = no push; ``rows``: this shard's table
+        rows of it, see ``ParameterShard.push``), then copy the parameters into ``out[lo:hi]`` (None = no fetch),
+        atomically. Returns ``(version after the push, version copied, snapshot requested)``: the last is True
+        once when a snapshot fell due, and the caller then asks the shard's process to write one
+        (``ParameterShard.request_snapshot``)."""
         view = self.view
         with self.lock:
-            pushed = view.push(-1, grad, 0, based_on, num_examples) if grad is not None else view.version
+            pushed = view.push(-1, grad, 0, based_on, num_examples, rows=rows) if grad is not None else view.version
             fetched = view.read_into(out) if out is not None else pushed
             due = view.claim_snapshot(self.every_updates, self.every_seconds)
         if grad is not None and pushed > self.acked:
             self.acked = pushed
         return pushed, fetched, due
+
+    def fetch_rows(self, requests: list) -> tuple[list, int]:
+        """This shard's rows of the tables, as ``ParameterShard.fetch_rows`` (copies taken under the lock)."""
+        return self.view.fetch_rows(requests)
 
     def close(self) -> None:
         self.lock.close()

@@ -16,6 +16,16 @@ from typing import Callable, Self
 import torch
 
 from distbelief.ps.arrays import PARAMS
+from distbelief.ps.rules import persistent
+
+
+def checkpointed_rows(tensors: dict, num_tables: int) -> tuple[list, list]:
+    """``(rows, state)`` of each embedding table in a checkpoint's tensors (ps/tables.py names them
+    ``table.<t>.weight`` and ``table.<t>.opt.<name>``)."""
+    rows = [tensors[f"table.{t}.weight"].numpy() for t in range(num_tables)]
+    state = [{k[len(f"table.{t}.opt."):]: v.numpy() for k, v in tensors.items() if k.startswith(f"table.{t}.opt.")}
+             for t in range(num_tables)]
+    return rows, state
 
 
 @dataclass(frozen=True)
@@ -79,8 +89,8 @@ class DurableShard:
         in those (reused) buffers, so the live state may change while they are written."""
         meta = {"shard_id": self.shard_id, "lo": self.lo, "hi": self.hi, "total": self.total}
         meta.update({k: getattr(self, k) for k in self.COUNTERS})
-        tensors = {PARAMS: self.vectors[PARAMS]}
-        tensors.update({f"opt.{k}": v for k, v in self.opt_state.items() if not k.startswith("tmp")})
+        tensors = {PARAMS: self.vectors[PARAMS], **self._table_arrays()}
+        tensors.update({f"opt.{k}": v for k, v in persistent(self.optimizer, self.opt_state).items()})
         if copy_into is not None:
             for name, v in tensors.items():
                 buf = copy_into.get(name)
@@ -190,11 +200,13 @@ class DurableShard:
 
     @classmethod
     def restore(cls, shard_id: int, lo: int, hi: int, optimizer, total: int, durability: Durability,
-                fallback_values=None, write_base: bool = True) -> Self:
+                fallback_values=None, write_base: bool = True, tables: tuple | None = None) -> Self:
         """A shard rebuilt from its latest good checkpoint plus its write-ahead log.
 
         With no checkpoint at all, ``fallback_values`` (the initial parameters) are used and the whole log is
         replayed. Damaged checkpoints are skipped and listed in ``corrupt_checkpoints``.
+        ``tables``: a model with embedding tables, as ``ParameterShard(tables=...)``; a checkpoint's ``table.*``
+        arrays (the rows and their rule state) take the place of the fallback rows it carries.
         """
         from distbelief.ps.checkpoint import WriteAheadLog, latest_good_checkpoint
 
@@ -204,14 +216,17 @@ class DurableShard:
                 raise ValueError(f"shard {shard_id}: checkpoint {ck.path} covers [{ck.meta['lo']}, {ck.meta['hi']}) "
                                  f"but this shard owns [{lo}, {hi})")
             state = {k[4:]: v.numpy() for k, v in ck.tensors.items() if k.startswith("opt.")}
-            shard = cls(shard_id, lo, hi, ck.tensors[PARAMS].numpy(), optimizer, total, None, state, ck.meta)
+            if tables is not None:
+                tables = (*tables[:2], *checkpointed_rows(ck.tensors, len(tables[0])))
+            shard = cls(shard_id, lo, hi, ck.tensors[PARAMS].numpy(), optimizer, total, None, state, ck.meta,
+                        tables=tables)
             shard.corrupt_checkpoints = ck.skipped
             if "dedup.sessions" in ck.tensors:
                 shard.last_seq = dict(zip(ck.tensors["dedup.sessions"].tolist(), ck.tensors["dedup.seqs"].tolist()))
         else:
             if fallback_values is None:
                 raise FileNotFoundError(f"shard {shard_id}: no usable checkpoint under {durability.root}")
-            shard = cls(shard_id, lo, hi, fallback_values, optimizer, total)
+            shard = cls(shard_id, lo, hi, fallback_values, optimizer, total, tables=tables)
         shard.restored_from_version = shard.version
         for version_after, a, b, n_ex, session, seq, g in WriteAheadLog(durability.root, shard_id).replay(
                 shard.version):

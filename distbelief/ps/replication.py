@@ -29,6 +29,7 @@ import numpy as np
 
 from distbelief.exceptions import RemoteTimeoutError, RoleFailedError
 from distbelief.ps.arrays import PARAMS
+from distbelief.ps.rules import persistent
 
 
 class ReplicatedShard:
@@ -62,7 +63,7 @@ class ReplicatedShard:
         """Everything a backup needs to be us: parameters, optimizer state, counters, exactly-once sequence
         numbers. Live arrays: the link copies them (Ray serialises the call; in one process load_state copies)."""
         state = {PARAMS: self._params_np, "counters": self._ctr, "last_seq": dict(self.last_seq)}
-        state.update({f"opt.{k}": v.numpy() for k, v in self.opt_state.items() if not k.startswith("tmp")})
+        state.update({f"opt.{k}": v.numpy() for k, v in persistent(self.optimizer, self.opt_state).items()})
         return state
 
     def load_state(self, state: dict) -> int:

@@ -20,6 +20,7 @@ import torch
 from distbelief.ps.arrays import PARAMS, all_finite, as_tensor
 from distbelief.ps.durability import Durability, DurableShard, SnapshotWriter
 from distbelief.ps.replication import ReplicatedShard
+from distbelief.ps.tables import ShardTables
 from distbelief.ps.vectors import VECTOR_OPS, VectorAlgebra
 
 __all__ = ["PARAMS", "VECTOR_OPS", "Durability", "ParameterShard"]
@@ -27,7 +28,8 @@ __all__ = ["PARAMS", "VECTOR_OPS", "Durability", "ParameterShard"]
 # A shard's counters live in one int64 array, so that a shared shard (ps/colocated.py) keeps them in shared
 # memory with its parameters: co-located replicas update them under the shard's lock.
 _COUNTER_SLOTS = ("version", "examples", "rejected_pushes", "staleness_sum", "staleness_max", "staleness_count",
-                  "bytes_pushed", "bytes_fetched", "_last_ckpt_version", "_last_ckpt_time_ns", "_snapshot_claimed")
+                  "bytes_pushed", "bytes_fetched", "_last_ckpt_version", "_last_ckpt_time_ns", "_snapshot_claimed",
+                  "rows_pushed", "rows_fetched")
 # The applied pushes by staleness, in the buckets STALENESS_BUCKETS names (after the counters, same array).
 STALENESS_BUCKETS = ("0", "1", "2", "3", "4-7", "8-15", "16-31", "32+")
 _HIST0 = len(_COUNTER_SLOTS)
@@ -48,7 +50,7 @@ def _counter(slot: int) -> property:
     return property(get, set)
 
 
-class ParameterShard(DurableShard, ReplicatedShard, VectorAlgebra):
+class ParameterShard(DurableShard, ReplicatedShard, VectorAlgebra, ShardTables):
     """A slice ``[lo, hi)`` of the flat parameters plus the server optimizer state for it.
 
     Args:
@@ -57,8 +59,12 @@ class ParameterShard(DurableShard, ReplicatedShard, VectorAlgebra):
         init_values: float32 array of length ``hi - lo`` with the initial parameter values.
         optimizer: a server rule from :mod:`distbelief.ps.optimizers`, or None for a shard used only for vectors.
         total: total number of model parameters (used to validate pushes).
-        storage, lock: (ps/colocated.py) arrays to use as the state, in place — ``params``, ``opt.<name>`` and
-            ``counters`` — and the lock that guards them; a replica's view of a shared shard is built this way.
+        storage, lock: (ps/colocated.py) arrays to use as the state, in place — ``params``, ``opt.<name>``,
+            ``table.<t>.*`` and ``counters`` — and the lock that guards them; a replica's view of a shared shard is
+            built this way.
+        tables: ``(specs, num_shards, rows, state)`` for a model with embedding tables (ps/slicer.py): this shard
+            holds rows ``shard_id, shard_id + num_shards, ...`` of each table in ``specs``; ``rows[t]`` their
+            initial values (None: zeros), ``state[t]`` a restored shard's rule state for them (None: fresh).
     """
 
     # Updates applied to this shard; examples represented by the applied pushes; pushes refused; staleness of
@@ -77,10 +83,14 @@ class ParameterShard(DurableShard, ReplicatedShard, VectorAlgebra):
     _last_ckpt_version = _counter(8)
     _last_ckpt_time_ns = _counter(9)
     _snapshot_claimed = _counter(10)
+    # Embedding-table rows (ps/tables.py) written by pushes and read by fetches.
+    rows_pushed = _counter(11)
+    rows_fetched = _counter(12)
 
     def __init__(self, shard_id: int, lo: int, hi: int, init_values, optimizer, total: int,
                  durability: Durability | None = None, init_state: dict | None = None,
-                 counters: dict | None = None, storage: dict[str, np.ndarray] | None = None, lock=None):
+                 counters: dict | None = None, storage: dict[str, np.ndarray] | None = None, lock=None,
+                 tables: tuple | None = None):
         if hi <= lo:
             raise ValueError(f"shard {shard_id}: empty range [{lo}, {hi})")
         self.shard_id, self.lo, self.hi, self.total = shard_id, lo, hi, total
@@ -90,7 +100,10 @@ class ParameterShard(DurableShard, ReplicatedShard, VectorAlgebra):
         self.lock = lock if lock is not None else contextlib.nullcontext()
         self._shared: dict | None = None
         self.opt_state = optimizer.init_state(hi - lo) if optimizer is not None else {}
+        specs, num_shards, rows, rows_state = tables or ((), 1, None, None)
+        self._table_init = (tuple(specs), num_shards)
         if storage is not None:
+            self._bind_table_storage(specs, num_shards, storage)
             self._bind(storage)
         else:
             values = np.array(init_values, dtype=np.float32, copy=True).reshape(-1)
@@ -106,6 +119,7 @@ class ParameterShard(DurableShard, ReplicatedShard, VectorAlgebra):
                 setattr(self, name, int((counters or {}).get(name, 0)))
             self._last_ckpt_version = self.version
             self._last_ckpt_time_ns = time.monotonic_ns()
+            self._init_tables(specs, num_shards, rows, rows_state)
         self.restored_from_version = -1
         self.replayed_updates = 0
         self.corrupt_checkpoints: list[str] = []
@@ -135,6 +149,7 @@ class ParameterShard(DurableShard, ReplicatedShard, VectorAlgebra):
             if f"opt.{name}" in storage:
                 self.opt_state[name] = torch.from_numpy(storage[f"opt.{name}"])
         self._ctr = storage["counters"]
+        self._bind_tables(storage)
 
     def share(self, base: str, timeout_s: float = 120.0) -> dict | None:
         """Move this shard's state into shared memory (files ``<base>-s<id>-...``, ``base`` a path prefix in
@@ -150,7 +165,8 @@ class ParameterShard(DurableShard, ReplicatedShard, VectorAlgebra):
             self._writer.wait()  # a snapshot in flight reads our buffers, not the state: safe, but keep it simple
             mine = f"{base}-s{self.shard_id}-{time.monotonic_ns():x}"
             arrays = {PARAMS: self._params_np, COUNTERS_FILE: self._ctr}
-            arrays.update({f"opt.{k}": v.numpy() for k, v in self.opt_state.items() if not k.startswith("tmp")})
+            arrays.update({f"opt.{k}": v.numpy() for k, v in self.opt_state.items() if k not in self.optimizer.scratch})
+            arrays.update({k: v.numpy() for k, v in self._table_arrays().items()})
             files, maps = create_storage(mine, arrays)
             # The state a dead predecessor of this shard left behind is garbage now (what replicas applied to it
             # after its last snapshot is counted lost): unlink it, so that repeated restarts do not fill
@@ -162,7 +178,7 @@ class ParameterShard(DurableShard, ReplicatedShard, VectorAlgebra):
             d = self.durability
             self._shared = {
                 "shard_id": self.shard_id, "lo": self.lo, "hi": self.hi, "total": self.total,
-                "optimizer": self.optimizer, "files": files, "lock": lock_path,
+                "optimizer": self.optimizer, "files": files, "lock": lock_path, "tables": self._table_init,
                 "every_updates": d.every_updates if d else 0, "every_seconds": d.every_seconds if d else 0.0,
             }
         return self._shared
@@ -194,20 +210,26 @@ class ParameterShard(DurableShard, ReplicatedShard, VectorAlgebra):
             return a, values.copy() if self._shared else values, self.version
 
     def push(self, replica_id: int, grad, offset: int, based_on_version: int, num_examples: int = 0,
-             session: int = 0, seq: int = 0) -> int:
+             session: int = 0, seq: int = 0, rows: list | None = None) -> int:
         """Apply an accumulated gradient covering flat ``[offset, offset + len(grad))`` to our intersection.
 
         ``based_on_version`` is the version of this shard the replica's parameters came from; the difference to
         our current version is the push's staleness. Returns our version after the push. A push with a
         non-finite value or a range outside the model is rejected and counted, never applied.
+
+        ``rows`` (a model with embedding tables): per table None or ``(local_ids, values)``, this shard's rows of
+        the push's row-sparse gradient (ps/tables.py); applied with the dense part as one update. A row id outside
+        its table raises ValueError before anything of the push is applied.
         """
         with self.lock:
-            return self._push(grad, offset, based_on_version, num_examples, session, seq)
+            return self._push(grad, offset, based_on_version, num_examples, session, seq, rows)
 
-    def _push(self, grad, offset: int, based_on_version: int, num_examples: int, session: int, seq: int) -> int:
+    def _push(self, grad, offset: int, based_on_version: int, num_examples: int, session: int, seq: int,
+              rows: list | None = None) -> int:
         if session and seq <= self.last_seq.get(session, 0):
             self.duplicate_pushes += 1
             return self.version
+        rows_ok = self._check_rows(rows)  # raises for a bad row id: nothing of this push is applied
         g_all = as_tensor(grad)
         n = g_all.numel()
         if offset < 0 or offset + n > self.total or g_all.dtype != torch.float32:
@@ -218,7 +240,7 @@ class ParameterShard(DurableShard, ReplicatedShard, VectorAlgebra):
             return self.version
         g = g_all[lo - offset : hi - offset]
         self.bytes_pushed += g.numel() * g.element_size()  # read even if rejected below as non-finite
-        if not all_finite(g):
+        if not all_finite(g) or not rows_ok:
             self.rejected_pushes += 1
             return self.version
         a, b = lo - self.lo, hi - self.lo
@@ -229,6 +251,7 @@ class ParameterShard(DurableShard, ReplicatedShard, VectorAlgebra):
             self.optimizer.apply(w, g, self.opt_state, scale)
         else:
             self.optimizer.apply(w[a:b], g, {k: v[a:b] for k, v in self.opt_state.items()}, scale)
+        self.bytes_pushed += self._apply_rows(rows, scale)
         self.staleness_sum += staleness
         self.staleness_max = max(self.staleness_max, staleness)
         self.staleness_count += 1
@@ -288,6 +311,9 @@ class ParameterShard(DurableShard, ReplicatedShard, VectorAlgebra):
             "staleness_histogram": [int(c) for c in self._ctr[_HIST0:]],
             "bytes_pushed": self.bytes_pushed,
             "bytes_fetched": self.bytes_fetched,
+            "rows_pushed": self.rows_pushed,
+            "rows_fetched": self.rows_fetched,
+            "table_rows": sum(t.num_rows for t in self.tables),
             "restored_from_version": self.restored_from_version,
             "replayed_updates": self.replayed_updates,
             "corrupt_checkpoints": list(self.corrupt_checkpoints),

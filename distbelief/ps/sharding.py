@@ -92,15 +92,17 @@ def unflatten_into(model: torch.nn.Module, flat: torch.Tensor) -> None:
 
 
 def bind_flat(model: torch.nn.Module, flat: torch.Tensor | None = None,
-              grads: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+              grads: torch.Tensor | None = None, params: list | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Make every parameter (and its ``.grad``) a view into one flat buffer.
 
     Returns ``(flat_params, flat_grads)``. Writing into ``flat_params`` changes the model; ``backward()``
     accumulates straight into ``flat_grads`` (autograd adds into an existing ``.grad`` in place), so a replica
     never gathers per-tensor gradients before a push. ``flat`` / ``grads``: 1-D float32 buffers to use (e.g.
-    shared memory a shard writes fetches into); the model's current values are copied into ``flat``.
+    shared memory a shard writes fetches into); the model's current values are copied into ``flat``. ``params``:
+    the parameters to bind, in order (default: all of the model's; a model with embedding tables binds its dense
+    ones, downpour/sparse.py).
     """
-    params = list(model.parameters())
+    params = list(model.parameters()) if params is None else list(params)
     total = sum(p.numel() for p in params)
     for name, buf in (("flat", flat), ("grads", grads)):
         if buf is not None and (buf.dtype != torch.float32 or buf.dim() != 1 or buf.numel() != total):

@@ -62,6 +62,19 @@ class _Chained(Future):
         return self.push.done() and self.fetch.done()
 
 
+class _Mapped(Future):
+    """Another future's result passed through ``fn``."""
+
+    def __init__(self, inner: Future, fn):
+        self.inner, self.fn = inner, fn
+
+    def result(self, timeout_s: float):
+        return self.fn(self.inner.result(timeout_s))
+
+    def done(self) -> bool:
+        return self.inner.done()
+
+
 class SplitFuture(Future):
     """A call whose method returns ``(part_0, ..., part_{n-1}, summary)`` (see ``Runtime.call_split``).
 
@@ -179,16 +192,71 @@ class ShardClient(ABC):
     def fetch_async(self) -> Future: ...
 
     @abstractmethod
-    def push_async(self, grad, versions: Sequence[int] | None, num_examples: int) -> Future: ...
+    def push_async(self, grad, versions: Sequence[int] | None, num_examples: int, rows=None) -> Future:
+        """``rows`` (a model with embedding tables, ps/slicer.py): per table None or ``(ids, values)``, the
+        row-sparse gradient — sorted unique global row ids (int64) and their summed values (float32
+        ``(len(ids), dim)``). Each shard gets its own rows with its dense range, as one update."""
 
-    def push_fetch_async(self, grad, versions: Sequence[int] | None, num_examples: int) -> Future:
+    # -- embedding-table rows (the layout is then a ps.slicer.Slicer)
+    def fetch_rows_async(self, requests: list) -> Future:
+        """``requests[t]``: sorted unique global row ids of table ``t`` (None: none). ``result`` is, per table, a
+        float32 ``(len(ids), dim)`` array of those rows' current values (None where nothing was asked)."""
+        per_shard, places = self._split_requests(requests)
+        answers = self._fetch_rows_calls(per_shard)
+        return _Mapped(answers, lambda replies: self._assemble_rows(requests, places, replies))
+
+    def _fetch_rows_calls(self, per_shard: list[list]) -> Future:
+        """One ``fetch_rows`` call per shard (``per_shard[k]``: its local ids per table); the result is the list
+        of the shards' ``(values, version)`` answers."""
+        raise NotImplementedError(f"{type(self).__name__} cannot fetch embedding-table rows")
+
+    def check_rows(self, rows_or_ids: list) -> None:
+        """ValueError naming the table for a row id outside it (nothing has been sent yet)."""
+        for spec, entry in zip(self.layout.tables, rows_or_ids):
+            if entry is None:
+                continue
+            ids = entry[0] if isinstance(entry, tuple) else entry
+            if len(ids) and (int(ids[0]) < 0 or int(ids[-1]) >= spec.num_rows):
+                bad = ids[(ids < 0) | (ids >= spec.num_rows)][0]
+                raise ValueError(f"table {spec.module!r} ({spec.kind}, {spec.num_rows:,} rows): row id {int(bad)} "
+                                 f"is out of range [0, {spec.num_rows})")
+
+    def _split_push_rows(self, rows) -> list:
+        """Per shard, its part of a push's ``rows`` (None for every shard when there are none)."""
+        if rows is None:
+            return [None] * len(self.handles)
+        self.check_rows(rows)
+        return self.layout.split_rows(rows)
+
+    def _split_requests(self, requests: list) -> tuple[list[list], list[list]]:
+        self.check_rows(requests)
+        per_shard = [[None] * len(requests) for _ in self.handles]
+        places = [[None] * len(requests) for _ in self.handles]
+        for t, ids in enumerate(requests):
+            if ids is None:
+                continue
+            for k, (pos, local) in enumerate(self.layout.split_ids(np.asarray(ids, dtype=np.int64))):
+                if pos.size:
+                    per_shard[k][t], places[k][t] = local, pos
+        return per_shard, places
+
+    def _assemble_rows(self, requests: list, places: list[list], replies: list) -> list:
+        out = [None if ids is None else np.empty((len(ids), spec.dim), dtype=np.float32)
+               for ids, spec in zip(requests, self.layout.tables)]
+        for k, (values, _version) in enumerate(replies):
+            for t, pos in enumerate(places[k]):
+                if pos is not None:
+                    out[t][pos] = values[t]
+        return out
+
+    def push_fetch_async(self, grad, versions: Sequence[int] | None, num_examples: int, rows=None) -> Future:
         """Push, then fetch the parameters that result: ``result`` is the fetch's ``(parts, versions)``.
 
         A replica that fetches before every step and pushes after it (no prefetch) issues this instead of a push
         and the next step's fetch. Each shard sees the fetch right after the push (calls from one caller to one
         shard run in order), as if the two were sent separately; runtimes that can, do both in one call per
         shard. Until ``result`` returns, the caller must leave ``grad`` unchanged (it may be read in place)."""
-        return _Chained(self.push_async(grad, versions, num_examples), self.fetch_async())
+        return _Chained(self.push_async(grad, versions, num_examples, rows), self.fetch_async())
 
     def shared_buffers(self):
         """``(params, grads)``: float32 numpy buffers that fetches write into and pushes may read from in place,

@@ -91,16 +91,20 @@ class InProcessShardClient(ShardClient):
             versions.append(version)
         return Done((parts, versions))
 
-    def push_async(self, grad, versions, num_examples: int) -> Future:
+    def push_async(self, grad, versions, num_examples: int, rows=None) -> Future:
         g = grad.numpy() if hasattr(grad, "numpy") else grad
+        per_shard = self._split_push_rows(rows)  # checked before anything is sent
         acked = []
         seq = self.next_seq()
         for k in range(len(self.handles)):
             lo, hi = self.layout.range(k)
             acked.append(self._call(k, "push", self.replica_id, g[lo:hi], lo, versions[k] if versions else 0,
-                                    num_examples, self.session, seq)[1])
+                                    num_examples, self.session, seq, per_shard[k])[1])
         self._ack(acked)
         return Done(acked)
+
+    def _fetch_rows_calls(self, per_shard: list[list]) -> Future:
+        return Done([self._call(k, "fetch_rows", per_shard[k], self.replica_id)[1] for k in range(len(self.handles))])
 
 
 class InProcessRangeClient(InProcessShardClient):
@@ -124,7 +128,7 @@ class InProcessRangeClient(InProcessShardClient):
             versions[k] = version
         return Done((parts, versions))
 
-    def push_async(self, grad, versions, num_examples: int):
+    def push_async(self, grad, versions, num_examples: int, rows=None):
         g = grad.numpy() if hasattr(grad, "numpy") else grad
         acked: list[int | None] = [None] * len(self.handles)
         seq = self.next_seq()

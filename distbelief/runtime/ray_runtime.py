@@ -452,17 +452,18 @@ class RayShardClient(ShardClient):
                 self.colocated = [ColocatedShard(d, timeout_s) for d in descriptors]
 
     # -- co-located updates: every shard's update and read happen here, under its lock (ps/colocated.py)
-    def _colocated_step(self, grad, versions, num_examples: int, out) -> tuple[list[int], list[int]]:
-        """Push ``grad`` (None: none) to every shard and copy its parameters into ``out`` (None: no fetch);
-        ``(versions after the push, versions copied)``."""
+    def _colocated_step(self, grad, versions, num_examples: int, out, rows=None) -> tuple[list[int], list[int]]:
+        """Push ``grad`` (None: none; ``rows``: its table rows) to every shard and copy its parameters into
+        ``out`` (None: no fetch); ``(versions after the push, versions copied)``."""
         if self._broken is not None:
             raise self._broken
         g = None if grad is None else (grad.numpy() if hasattr(grad, "numpy") else grad)
+        per_shard = self._split_push_rows(rows)
         pushed, fetched = [], []
         for k in range(len(self.handles)):
             with self._swap:
                 col = self.colocated[k]
-                p, f, due = col.push_fetch(g, versions[k] if versions else 0, num_examples, out)
+                p, f, due = col.push_fetch(g, versions[k] if versions else 0, num_examples, out, per_shard[k])
             pushed.append(p)
             fetched.append(f)
             if due:  # the shard's process writes it in the background; nothing to wait for
@@ -519,15 +520,26 @@ class RayShardClient(ShardClient):
             return None
         return self._shm_bufs["fetch"], self._shm_bufs["push0"]
 
-    def push_fetch_async(self, grad, versions, num_examples: int) -> Future:
+    def _fetch_rows_calls(self, per_shard: list[list]) -> Future:
+        if self.colocated is not None:  # read under each shard's lock, here
+            if self._broken is not None:
+                raise self._broken
+            replies = []
+            for k in range(len(self.handles)):
+                with self._swap:
+                    replies.append(self.colocated[k].fetch_rows(per_shard[k]))
+            return Done(replies)
+        return _ShardCalls(self, "fetch_rows", [(per_shard[k], self.replica_id) for k in range(len(self.handles))])
+
+    def push_fetch_async(self, grad, versions, num_examples: int, rows=None) -> Future:
         if self.colocated is not None:
-            _, fetched = self._colocated_step(grad, versions, num_examples, self._shm_bufs["fetch"])
+            _, fetched = self._colocated_step(grad, versions, num_examples, self._shm_bufs["fetch"], rows)
             return Done((self._fetch_parts, fetched))
         if not self.shm_paths:
-            return super().push_fetch_async(grad, versions, num_examples)
+            return super().push_fetch_async(grad, versions, num_examples, rows)
         g = grad.numpy() if hasattr(grad, "numpy") else grad
         vs = [versions[k] if versions else 0 for k in range(len(self.handles))]
-        push_args = self._shm_push_args("push0", g, vs, num_examples, self.next_seq())
+        push_args = self._shm_push_args("push0", g, vs, num_examples, self.next_seq(), rows)
         self._next_push_buf = 1  # a plain push after this one must not reuse push0 while a shard may read it
         args = [(a[0], self.shm_paths["fetch"], *a[1:]) for a in push_args]
 
@@ -537,28 +549,32 @@ class RayShardClient(ShardClient):
 
         return _ShardCalls(self, "push+fetch", args, transform=unpack, actor_method="push_fetch_shm")
 
-    def _shm_push_args(self, key: str, g, vs, num_examples: int, seq: int) -> list[tuple]:
+    def _shm_push_args(self, key: str, g, vs, num_examples: int, seq: int, rows=None) -> list[tuple]:
         """Put gradient ``g`` into push buffer ``key`` (no copy if ``g`` is that buffer: a replica bound to
-        ``shared_buffers()`` computed it in place) and return each shard's ``push_shm`` arguments."""
+        ``shared_buffers()`` computed it in place) and return each shard's ``push_shm`` arguments (a model's table
+        rows travel as arguments: they are small)."""
+        per_shard = self._split_push_rows(rows)
         buf = self._shm_bufs[key]
         if g.ctypes.data != buf.ctypes.data:
             np.copyto(buf, g)
         return [(self.shm_paths[key], self.layout.total, self.replica_id, 0, vs[k], num_examples, self.session, seq)
-                for k in range(len(self.handles))]
+                + ((per_shard[k],) if rows is not None else ()) for k in range(len(self.handles))]
 
-    def push_async(self, grad, versions, num_examples: int) -> Future:
+    def push_async(self, grad, versions, num_examples: int, rows=None) -> Future:
         if self.colocated is not None:
-            return Done(self._colocated_step(grad, versions, num_examples, None)[0])
+            return Done(self._colocated_step(grad, versions, num_examples, None, rows)[0])
         g = grad.numpy() if hasattr(grad, "numpy") else grad
         n = len(self.handles)
         vs = [versions[k] if versions else 0 for k in range(n)]
         seq = self.next_seq()
+        per_shard = self._split_push_rows(rows)
+        extra = [((per_shard[k],) if rows is not None else ()) for k in range(n)]
         if self.shm_paths:
             # The previous push was acknowledged before this one starts (the replica's back-pressure); buffers
             # alternate anyway, so a buffer is rewritten only two pushes after it was sent.
             key = f"push{self._next_push_buf}"
             self._next_push_buf ^= 1
-            args = self._shm_push_args(key, g, vs, num_examples, seq)
+            args = self._shm_push_args(key, g, vs, num_examples, seq, rows)
 
             def ack_shm(versions_after):
                 self._ack(versions_after)
@@ -569,10 +585,10 @@ class RayShardClient(ShardClient):
             # One object-store put shared by all shards: each maps the same memory and reads its own range.
             # The future keeps the reference alive, so a push can be re-sent to a restarted shard.
             ref = ray.put(g)
-            args = [(self.replica_id, ref, 0, vs[k], num_examples, self.session, seq) for k in range(n)]
+            args = [(self.replica_id, ref, 0, vs[k], num_examples, self.session, seq, *extra[k]) for k in range(n)]
         else:
             # Each slice is serialised into the object store right here, so the caller may reuse its buffer.
-            args = [(self.replica_id, g[lo:hi], lo, vs[k], num_examples, self.session, seq)
+            args = [(self.replica_id, g[lo:hi], lo, vs[k], num_examples, self.session, seq, *extra[k])
                     for k, (lo, hi) in enumerate(self.layout.range(j) for j in range(n))]
 
         def ack(versions_after):

@@ -1,0 +1,170 @@
+"""Embedding-table rows on a parameter shard: the shard's side of sparse fetch and push.
+
+Shard ``k`` of ``K`` holds rows ``k, k + K, k + 2K, ...`` of every table (ps/slicer.py says why), at local indices
+``0, 1, 2, ...``, with the server rule's per-row state for them (``rule.init_row_state``). A replica fetches only
+the rows its minibatch uses and pushes a row-sparse gradient: unique local row ids (sorted, as a coalesced sparse
+gradient gives them) and their summed values. The rule updates those rows and their state in place
+(``rule.apply_rows``); every other row and its state stay bit for bit as they were.
+
+A push is checked whole before any of it is applied: a row id outside the table is a ``ValueError`` naming the
+table (nothing of that push is applied, on this shard or, since the replica's client checks first, on any other);
+a non-finite value makes the whole push a counted rejection, like a non-finite dense gradient.
+
+``ShardTables`` is mixed into ``ParameterShard`` (ps/shard.py), which calls ``_check_rows`` / ``_apply_rows``
+from its push under its lock.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from distbelief.ps.arrays import as_tensor
+
+TABLE_PREFIX = "table."  # a table's arrays in checkpoints and shared memory: table.<t>.weight, table.<t>.opt.<name>
+
+
+def _rows_shaped(a: np.ndarray, num_rows: int, dim: int) -> np.ndarray:
+    """A table array stored flat (shared memory, checkpoints) as ``(num_rows, dim)`` or, for one value per row
+    (row-wise rule state), ``(num_rows,)``."""
+    return a.reshape(num_rows) if a.size == num_rows and dim != 1 else a.reshape(num_rows, dim)
+
+
+class TableSlice:
+    """This shard's rows of one table: ``weight`` ``(local_rows, dim)`` and the rule's row state."""
+
+    def __init__(self, spec, shard_id: int, num_shards: int, weight: np.ndarray, state: dict[str, torch.Tensor]):
+        self.spec, self.shard_id, self.num_shards = spec, shard_id, num_shards
+        self.weight_np = weight
+        self.weight = torch.from_numpy(weight)
+        self.state = state
+
+    @property
+    def num_rows(self) -> int:
+        return self.weight.shape[0]
+
+    def name(self) -> str:
+        return f"table {self.spec.module!r} ({self.spec.kind}, {self.spec.num_rows:,} rows)"
+
+    def check(self, local_ids: np.ndarray, values=None) -> None:
+        """Raise ValueError (naming the table and the global row id) unless ``local_ids`` are sorted unique ids of
+        rows this shard holds and ``values`` is ``(len(ids), dim)`` float32."""
+        ids = np.asarray(local_ids)
+        if ids.ndim != 1 or ids.dtype != np.int64:
+            raise ValueError(f"{self.name()}: row ids must be a 1-D int64 array, got {ids.dtype} {ids.shape}")
+        if ids.size and (ids[0] < 0 or ids[-1] >= self.num_rows):
+            bad = ids[(ids < 0) | (ids >= self.num_rows)][0]
+            raise ValueError(f"{self.name()}: row id {int(bad) * self.num_shards + self.shard_id} is out of range "
+                             f"[0, {self.spec.num_rows})")
+        if ids.size > 1 and not bool(np.all(ids[1:] > ids[:-1])):
+            raise ValueError(f"{self.name()}: row ids must be sorted and unique (sum duplicates before pushing)")
+        if values is not None:
+            v = np.asarray(values)
+            if v.dtype != np.float32 or v.shape != (ids.size, self.spec.dim):
+                raise ValueError(f"{self.name()}: values must be float32 of shape ({ids.size}, {self.spec.dim}), "
+                                 f"got {v.dtype} {v.shape}")
+
+    def read(self, local_ids: np.ndarray) -> np.ndarray:
+        return self.weight_np[local_ids]  # fancy indexing: a copy
+
+    def apply(self, rule, local_ids: np.ndarray, values, scale: float) -> None:
+        rule.apply_rows(self.weight, torch.from_numpy(np.asarray(local_ids)), as_tensor(values), self.state, scale)
+
+
+class ShardTables:
+    """The table half of ParameterShard (mixed in)."""
+
+    tables: list[TableSlice]
+
+    def _init_tables(self, specs, num_shards: int, rows: list[np.ndarray] | None,
+                     state: list[dict] | None) -> None:
+        """Tables from their initial rows (``rows[t]``: ``(local_rows, dim)``; None: zeros, a blank backup) and,
+        for a restored shard, their saved rule state (``state[t]``: name -> array)."""
+        self.table_specs, self.num_shards = tuple(specs), num_shards
+        self.tables = []
+        for t, spec in enumerate(specs):
+            n = spec.local_rows(self.shard_id, num_shards)
+            w = (np.zeros((n, spec.dim), dtype=np.float32) if rows is None
+                 else np.array(rows[t], dtype=np.float32, copy=True).reshape(n, spec.dim))
+            st = self.optimizer.init_row_state(n, spec.dim) if self.optimizer is not None else {}
+            for name, value in ((state or [{}] * len(specs))[t] or {}).items():
+                st[name].copy_(torch.as_tensor(np.asarray(value, dtype=np.float32)).reshape(st[name].shape))
+            self.tables.append(TableSlice(spec, self.shard_id, num_shards, w, st))
+
+    def _bind_table_storage(self, specs, num_shards: int, storage: dict[str, np.ndarray]) -> None:
+        """Tables over ``storage``'s arrays, in place (a co-located replica's view of a shared shard)."""
+        self.table_specs, self.num_shards = tuple(specs), num_shards
+        self.tables = []
+        for t, spec in enumerate(specs):
+            prefix = f"{TABLE_PREFIX}{t}.opt."
+            n = spec.local_rows(self.shard_id, num_shards)
+            state = {k[len(prefix):]: torch.from_numpy(_rows_shaped(v, n, spec.dim))
+                     for k, v in storage.items() if k.startswith(prefix)}
+            weight = _rows_shaped(storage[f"{TABLE_PREFIX}{t}.weight"], n, spec.dim)
+            self.tables.append(TableSlice(spec, self.shard_id, num_shards, weight, state))
+
+    def _table_arrays(self) -> dict[str, torch.Tensor]:
+        """Every table's weight and persistent rule state, by their checkpoint / shared-memory names."""
+        scratch = getattr(self.optimizer, "scratch", ())
+        out = {}
+        for t, tab in enumerate(self.tables):
+            out[f"{TABLE_PREFIX}{t}.weight"] = tab.weight
+            out.update({f"{TABLE_PREFIX}{t}.opt.{k}": v for k, v in tab.state.items() if k not in scratch})
+        return out
+
+    def _bind_tables(self, storage: dict[str, np.ndarray]) -> None:
+        for t, tab in enumerate(self.tables):
+            n, dim = tab.weight.shape
+            tab.weight_np = _rows_shaped(storage[f"{TABLE_PREFIX}{t}.weight"], n, dim)
+            tab.weight = torch.from_numpy(tab.weight_np)
+            for name in list(tab.state):
+                key = f"{TABLE_PREFIX}{t}.opt.{name}"
+                if key in storage:
+                    tab.state[name] = torch.from_numpy(_rows_shaped(storage[key], n, dim))
+
+    def fetch_rows(self, requests: list, replica_id: int = -1) -> tuple[list, int]:
+        """``requests[t]``: sorted unique local row ids of table ``t`` (None: none). Returns ``(values, version)``
+        with ``values[t]`` a ``(len(ids), dim)`` float32 copy (None where nothing was asked)."""
+        for tab, ids in zip(self.tables, requests):
+            if ids is not None:
+                tab.check(ids)
+        with self.lock:
+            out = [None if ids is None else tab.read(ids) for tab, ids in zip(self.tables, requests)]
+            n = sum(len(ids) for ids in requests if ids is not None)
+            self.rows_fetched += n
+            self.bytes_fetched += sum(v.nbytes for v in out if v is not None)
+            return out, self.version
+
+    def read_table(self, t: int) -> np.ndarray:
+        """All of this shard's rows of table ``t`` (a copy; the driver's evaluation and final read)."""
+        with self.lock:
+            w = self.tables[t].weight_np.copy()
+            self.bytes_fetched += w.nbytes
+            return w
+
+    def _check_rows(self, rows) -> bool:
+        """Check a push's rows before anything of it is applied: ValueError for a bad id or shape (nothing
+        applied), False for non-finite values (a counted rejection), True when they may be applied."""
+        if rows is None:
+            return True
+        if len(rows) != len(self.tables):
+            raise ValueError(f"shard {self.shard_id}: a push carries rows for {len(rows)} tables, the model has "
+                             f"{len(self.tables)}")
+        for tab, entry in zip(self.tables, rows):
+            if entry is not None:
+                tab.check(*entry)
+        return all(entry is None or bool(np.isfinite(entry[1]).all()) for entry in rows)
+
+    def _apply_rows(self, rows, scale: float) -> int:
+        """Apply a checked push's rows; returns the bytes they carried."""
+        if rows is None:
+            return 0
+        nbytes = 0
+        for tab, entry in zip(self.tables, rows):
+            if entry is None:
+                continue
+            ids, values = entry
+            tab.apply(self.optimizer, ids, values, scale)
+            self.rows_pushed += len(ids)
+            nbytes += np.asarray(values).nbytes + np.asarray(ids).nbytes
+        return nbytes

@@ -1,0 +1,268 @@
+"""Embedding tables held row-sharded on the shards: the slicer, the shard's rows, and exact oracles for the
+in-process Downpour loop against single-process torch with sparse gradients."""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from distbelief import train
+from distbelief.data.batches import BatchSource, replica_indices
+from distbelief.exceptions import ConfigError
+from distbelief.ps.rules import make_rule
+from distbelief.ps.shard import ParameterShard
+from distbelief.ps.sharding import flatten
+from distbelief.ps.slicer import Slicer
+
+SEED = 5
+BATCH = 16
+ROWS = (50, 7, 300)
+
+
+class TinyCTR(nn.Module):
+    """Three categorical fields (an Embedding, two EmbeddingBags) and two dense features; ``x`` carries the ids
+    as exact integers in float32 after the dense features."""
+
+    def __init__(self, sparse: bool = True, declare_ids: bool = False):
+        super().__init__()
+        self.dense = nn.Linear(2, 4)
+        self.e0 = nn.Embedding(ROWS[0], 4, sparse=sparse)
+        self.bags = nn.ModuleList([nn.EmbeddingBag(n, 4, mode="sum", sparse=sparse) for n in ROWS[1:]])
+        self.top = nn.Linear(16, 2)
+        self.declare_ids = declare_ids
+
+    def ids(self, x):
+        return [x[:, 2 + f].long() for f in range(3)]
+
+    def forward(self, x):
+        ids = self.ids(x)
+        parts = [self.dense(x[:, :2]), self.e0(ids[0])]
+        parts += [bag(i[:, None]) for bag, i in zip(self.bags, ids[1:])]
+        return self.top(torch.relu(torch.cat(parts, 1)))
+
+
+class DeclaredCTR(TinyCTR):
+    def embedding_ids(self, x):  # one id tensor per table, in module order: rows fetched in one call per shard
+        return self.ids(x)
+
+
+def ctr_data(n=512, seed=0, rows=ROWS):
+    g = torch.Generator().manual_seed(seed)
+    dense = torch.randn(n, 2, generator=g)
+    # Zipf-like ids: small ids frequent
+    ids = [torch.clamp((torch.rand(n, generator=g) ** 3 * r).long(), max=r - 1) for r in rows]
+    x = torch.cat([dense] + [i[:, None].float() for i in ids], 1)
+    y = ((dense[:, 0] + (ids[0] % 3 == 0).float()) > 0.5).long()
+    return TensorDataset(x, y)
+
+
+def run_downpour(model_fn, ds, **kw):
+    settings = dict(strategy="downpour", runtime="inprocess", replicas=1, shards=2, fetch_every=1, push_every=1,
+                    local_lr=0.0, overlap=False, batch_size=BATCH, max_seconds=0, eval_every_seconds=3600,
+                    seed=SEED, optimizer="adagrad", lr=0.05, adagrad_eps=1e-10, max_steps=25,
+                    durability="off")
+    settings.update(kw)
+    return train(model_fn, ds, ds, quiet=True, **settings)
+
+
+def torch_reference(model_fn, ds, steps, lr=0.05, opt="adagrad", replica_id=0, num_replicas=1):
+    torch.manual_seed(SEED)
+    model = model_fn()
+    if opt == "adagrad":
+        # The shards' dense Adagrad is torch's fused kernel (one ulp from the default path); their row updates are
+        # torch's sparse Adagrad step, op for op. With the same arithmetic on each side the runs agree bit for bit.
+        tables = [m.weight for m in model.modules() if isinstance(m, (nn.Embedding, nn.EmbeddingBag))]
+        dense = [p for p in model.parameters() if all(p is not w for w in tables)]
+        fused, rows = (torch.optim.Adagrad(dense, lr=lr, eps=1e-10, fused=True),
+                       torch.optim.Adagrad(tables, lr=lr, eps=1e-10))
+    else:
+        fused, rows = torch.optim.SGD(model.parameters(), lr=lr), None
+    idx = replica_indices(len(ds), num_replicas, replica_id, SEED)
+    batches = BatchSource(ds, idx, BATCH, seed=SEED * 7919 + replica_id)
+    for _ in range(steps):
+        x, y = batches.next_batch()
+        model.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        for o in (fused, rows):
+            if o is not None:
+                o.step()
+    return flatten(model)
+
+
+# ---------------------------------------------------------------------------------------------- the slicer
+def test_slicer_finds_tables_and_deals_rows_modulo():
+    model = TinyCTR()
+    s = Slicer.for_model(model, 3)
+    assert [t.module for t in s.tables] == ["e0", "bags.0", "bags.1"]
+    assert [t.num_rows for t in s.tables] == list(ROWS)
+    n_dense = sum(p.numel() for n, p in model.named_parameters() if "e0" not in n and "bags" not in n)
+    assert s.total == n_dense and s.full_total == sum(p.numel() for p in model.parameters())
+    assert sum(s.sizes()) == n_dense and max(s.sizes()) - min(s.sizes()) <= 1
+    assert [t.local_rows(k, 3) for t in s.tables[:1] for k in range(3)] == [17, 17, 16]
+    full = flatten(model)
+    back = s.assemble(s.to_dense(full), [s.shard_rows(full, k) for k in range(3)])
+    assert torch.equal(back, full)
+    rows0 = s.shard_rows(full, 1)[0]
+    assert np.array_equal(rows0, model.e0.weight.detach().numpy()[1::3])
+
+
+def test_slicer_refuses_tables_it_cannot_serve():
+    class MaxNorm(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.e = nn.Embedding(10, 2, max_norm=1.0)
+            self.l = nn.Linear(2, 2)
+
+    with pytest.raises(ConfigError, match="max_norm"):
+        Slicer.for_model(MaxNorm(), 2)
+    bag = nn.Sequential(nn.EmbeddingBag(10, 2, mode="max"), nn.Linear(2, 2))
+    with pytest.raises(ConfigError, match="mode='max'"):
+        Slicer.for_model(bag, 2)
+
+
+# ---------------------------------------------------------------------------------------------- the shard
+def _table_shard(rule="adagrad", shard_id=1, num_shards=2):
+    model = TinyCTR()
+    s = Slicer.for_model(model, num_shards)
+    full = flatten(model)
+    lo, hi = s.range(shard_id)
+    dense = s.to_dense(full)
+    shard = ParameterShard(shard_id, lo, hi, dense[lo:hi].numpy(), make_rule(rule, lr=0.1), s.total,
+                           tables=(s.tables, num_shards, s.shard_rows(full, shard_id), None))
+    return s, shard
+
+
+def test_untouched_rows_and_their_state_stay_bit_for_bit():
+    s, shard = _table_shard()
+    lo, hi = s.range(1)
+    before = [(t.weight.clone(), {k: v.clone() for k, v in t.state.items()}) for t in shard.tables]
+    ids = np.array([0, 3, 7], dtype=np.int64)
+    g = np.ones((3, 4), dtype=np.float32)
+    shard.push(0, np.zeros(hi - lo, np.float32), lo, 0, 4, rows=[(ids, g), None, None])
+    w0, st0 = before[0]
+    touched = torch.zeros(w0.shape[0], dtype=torch.bool)
+    touched[ids] = True
+    assert torch.equal(shard.tables[0].weight[~touched], w0[~touched])
+    assert torch.equal(shard.tables[0].state["sum_sq"][~touched], st0["sum_sq"][~touched])
+    assert not torch.equal(shard.tables[0].weight[touched], w0[touched])
+    for t in (1, 2):
+        assert torch.equal(shard.tables[t].weight, before[t][0])
+    assert shard.stats()["rows_pushed"] == 3
+
+
+def test_out_of_range_row_is_an_error_naming_the_table_and_nothing_is_applied():
+    s, shard = _table_shard()
+    lo, hi = s.range(1)
+    params = shard.vectors["params"].clone()
+    w = shard.tables[0].weight.clone()
+    bad = np.array([shard.tables[2].num_rows], dtype=np.int64)  # one past the shard's last row of table 2
+    with pytest.raises(ValueError, match=r"table 'bags.1'.*out of range \[0, 300\)"):
+        shard.push(0, np.ones(hi - lo, np.float32), lo, 0, 4,
+                   rows=[(np.array([1], dtype=np.int64), np.ones((1, 4), np.float32)), None,
+                         (bad, np.ones((1, 4), np.float32))])
+    assert torch.equal(shard.vectors["params"], params) and torch.equal(shard.tables[0].weight, w)
+    assert shard.version == 0
+
+
+def test_non_finite_rows_reject_the_whole_push():
+    s, shard = _table_shard()
+    lo, hi = s.range(1)
+    params = shard.vectors["params"].clone()
+    g = np.full((1, 4), np.nan, dtype=np.float32)
+    shard.push(0, np.ones(hi - lo, np.float32), lo, 0, 4, rows=[(np.array([2], dtype=np.int64), g), None, None])
+    assert shard.rejected_pushes == 1 and shard.version == 0
+    assert torch.equal(shard.vectors["params"], params)
+
+
+def test_fetch_rows_returns_the_shards_rows():
+    s, shard = _table_shard()
+    vals, version = shard.fetch_rows([np.array([0, 5], dtype=np.int64), None, np.array([149], dtype=np.int64)])
+    assert np.array_equal(vals[0], shard.tables[0].weight_np[[0, 5]]) and vals[1] is None
+    assert vals[2].shape == (1, 4) and version == 0
+    assert shard.stats()["rows_fetched"] == 3
+
+
+# ---------------------------------------------------------------------------------------------- oracles
+@pytest.mark.parametrize("model_fn", [TinyCTR, DeclaredCTR], ids=["hooks", "embedding_ids"])
+@pytest.mark.parametrize("shards", [1, 2, 3])
+def test_one_replica_equals_torch_sparse_adagrad(model_fn, shards):
+    ds = ctr_data()
+    res = run_downpour(model_fn, ds, shards=shards)
+    ref = torch_reference(model_fn, ds, 25)
+    # the same arithmetic as torch's sparse Adagrad, row by row: bit for bit
+    assert torch.equal(res.flat_params, ref)
+    st = res.summary
+    assert st["updates_per_shard"] == [25] * shards
+
+
+def test_dense_embedding_module_trains_as_its_sparse_twin():
+    """``sparse=False`` in the user's module: the replica still pushes rows; the result is torch's sparse run
+    (dense and sparse Adagrad differ only in rows with a zero gradient, which dense Adagrad leaves unchanged too)."""
+    ds = ctr_data()
+    res = run_downpour(lambda: TinyCTR(sparse=False), ds, shards=2)
+    ref = torch_reference(TinyCTR, ds, 25)
+    torch.testing.assert_close(res.flat_params, ref, atol=1e-6, rtol=0)
+
+
+def test_fetch_every_refreshes_rows_at_most_every_n_steps():
+    """n_fetch = n_push = 4, alpha = 0: one server step with the sum of 4 gradients computed on the same
+    parameters — the rows too (fetched once per window, never refreshed inside it)."""
+    ds = ctr_data()
+    res = run_downpour(TinyCTR, ds, shards=2, optimizer="sgd", lr=0.05, max_steps=8, fetch_every=4, push_every=4)
+    torch.manual_seed(SEED)
+    model = TinyCTR()
+    batches = BatchSource(ds, replica_indices(len(ds), 1, 0, SEED), BATCH, seed=SEED * 7919)
+    for _ in range(2):
+        acc = [torch.zeros_like(p) for p in model.parameters()]
+        for _ in range(4):
+            model.zero_grad()
+            x, y = batches.next_batch()
+            F.cross_entropy(model(x), y).backward()
+            for a, p in zip(acc, model.parameters()):
+                a.add_(p.grad.to_dense() if p.grad.is_sparse else p.grad)
+        with torch.no_grad():
+            for a, p in zip(acc, model.parameters()):
+                p.add_(a, alpha=-0.05)
+    torch.testing.assert_close(res.flat_params, flatten(model), atol=1e-6, rtol=0)
+    assert res.summary["updates_per_shard"] == [2, 2]
+
+
+def test_two_replicas_on_disjoint_rows_are_exact():
+    """Two replicas whose minibatches touch disjoint rows of a table with no dense interaction: each row's final
+    value is what its own replica's single-process run gives, whatever the interleaving."""
+    class RowsOnly(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.e = nn.Embedding(40, 3, sparse=True)
+            self.b = nn.Parameter(torch.zeros(3), requires_grad=False)  # a dense part the shards can hold
+
+        def forward(self, x):
+            return self.e(x[:, 0].long()) + self.b
+
+    n = 256
+    ids = torch.zeros(n, dtype=torch.long)
+    for rid in range(2):  # replica 0's examples use rows 0..19, replica 1's rows 20..39 (both tables' shards)
+        idx = torch.as_tensor(list(replica_indices(n, 2, rid, SEED)))
+        ids[idx] = 20 * rid + idx % 20
+    y = (ids % 3).long()
+    ds = TensorDataset(ids[:, None].float(), y)
+    res = run_downpour(RowsOnly, ds, replicas=2, shards=2, optimizer="adagrad", max_steps=12, lr=0.1)
+    got = res.model.e.weight.detach()
+    torch.manual_seed(SEED)
+    expect = RowsOnly().e.weight.detach().clone()
+    touched = [set(range(0, 20)), set(range(20, 40))]
+    for rid in range(2):
+        torch.manual_seed(SEED)
+        m = RowsOnly()
+        opt = torch.optim.Adagrad(m.parameters(), lr=0.1, eps=1e-10)
+        batches = BatchSource(ds, replica_indices(n, 2, rid, SEED), BATCH, seed=SEED * 7919 + rid)
+        for _ in range(12):
+            x, yy = batches.next_batch()
+            opt.zero_grad()
+            F.cross_entropy(m(x), yy).backward()
+            opt.step()
+        rows = sorted(touched[rid])
+        expect[rows] = m.e.weight.detach()[rows]
+    assert torch.equal(got, expect)
