@@ -151,6 +151,33 @@ def check_model_and_data(model_fn, train_ds, loss_fn, metric_fn=None, cfg: RunCo
             pass
 
 
+def check_tables(model: torch.nn.Module, cfg: RunConfig, resume: bool) -> None:
+    """Refuse, before any worker starts, what a model with embedding tables cannot do yet (the tables are held
+    row-sharded on the shards by downpour; see ps/slicer.py). The single-process and local baselines train the
+    user's module as it is."""
+    from distbelief.ps.slicer import find_tables
+
+    if cfg.strategy in ("sgd", *LOCAL_STRATEGIES):
+        return
+    tables = find_tables(model)  # ConfigError for a table no shard can serve (max_norm, mode="max")
+    if not tables:
+        return
+    names = ", ".join(repr(n) for n, _ in tables[:3]) + (", ..." if len(tables) > 3 else "")
+    why = f"the model has embedding tables ({names})"
+    if cfg.strategy != "downpour":
+        raise ConfigError("strategy", f"{why}: their rows are served by --strategy downpour (or the sgd, hogwild "
+                                      f"and ddp baselines); {cfg.strategy} does not serve table rows yet")
+    if cfg.partitions > 1:
+        raise ConfigError("partitions", f"{why}: a partitioned replica does not serve table rows yet")
+    if cfg.durability in ("log", "replicate"):
+        raise ConfigError("durability", f"{why}: --durability {cfg.durability} does not cover table rows yet; use "
+                                        f"snapshot (rows and their optimizer state are in every snapshot) or off")
+    if resume:
+        raise ConfigError("resume", f"{why}: resuming a run with tables is not supported yet")
+    if cfg.device not in ("cpu", "auto"):
+        raise ConfigError("device", f"{why}: replicas with tables compute on the CPU")
+
+
 def compact_subset(dataset, indices) -> "torch.utils.data.TensorDataset":
     """The items at ``indices`` as a TensorDataset of their own (a Subset would keep the whole dataset alive)."""
     from torch.utils.data import TensorDataset
@@ -246,7 +273,9 @@ def train(
     custom_loss = loss_fn
     loss_fn = loss_fn or F.cross_entropy
     check_model_and_data(model_fn, train_data, loss_fn, metric_fn, cfg)
-    n_params = sum(p.numel() for p in model_fn().parameters())
+    probe = model_fn()
+    n_params = sum(p.numel() for p in probe.parameters())
+    check_tables(probe, cfg, resume)
     if cfg.init_params and not resume:  # a resumed run continues from its own checkpoints instead
         from distbelief.warmstart import WarmStarted, load_flat_params
 

@@ -67,6 +67,14 @@ class RunSummary:
     replicas_zero_copy: int | None = None
     replicas_colocated: int | None = None
 
+    # -- embedding tables held row-sharded on the shards (ps/slicer.py) --
+    table_rows: int | None = None  # rows of all tables together
+    table_parameters: int | None = None  # their floats (num_parameters includes them)
+    rows_pushed: int | None = None  # rows the shards updated (each push's unique rows, per shard)
+    rows_fetched: int | None = None  # rows the replicas fetched
+    bytes_pushed_per_shard: list[int] | None = None  # gradient bytes read by each shard (dense + rows with ids)
+    bytes_fetched_per_shard: list[int] | None = None  # parameter bytes served by each shard (rows with ids)
+
     # -- elastic Downpour (--replicas MIN:MAX): replicas is MIN --
     max_replicas: int | None = None
     replicas_added: int | None = None  # started while the run went on (free CPUs appeared)

@@ -132,8 +132,8 @@ class SparseModel:
                 dim = self.slicer.tables[t].dim
                 cat_ids = torch.cat([i for i, _ in pending])
                 cat_vals = torch.cat([v for _, v in pending])
-                g = torch.sparse_coo_tensor(cat_ids[None], cat_vals,
-                                            (self.slicer.tables[t].num_rows, dim)).coalesce()
+                g = torch.sparse_coo_tensor(cat_ids[None], cat_vals, (self.slicer.tables[t].num_rows, dim),
+                                            check_invariants=False).coalesce()
                 ids, vals = g.indices()[0], g.values()
             pending.clear()
             self.rows_pushed += len(ids)

@@ -308,6 +308,11 @@ class ParameterServerTrainer:
             "bytes_pushed": sum(s["bytes_pushed"] for s in stats),
             "bytes_fetched": sum(s["bytes_fetched"] for s in stats),
         }
+        if self.server.tabled:  # embedding rows moved (cumulative; rows/s and bytes per shard in Prometheus)
+            rec["rows_pushed"] = sum(s["rows_pushed"] for s in stats)
+            rec["rows_fetched"] = sum(s["rows_fetched"] for s in stats)
+            rec["bytes_pushed_per_shard"] = [s["bytes_pushed"] for s in stats]
+            rec["bytes_fetched_per_shard"] = [s["bytes_fetched"] for s in stats]
         live = [st.last_stats for st in self.replicas.values() if st.last_stats and "wait_s" in st.last_stats]
         if live:  # where the replicas' time goes: computing gradients vs waiting for fetches and pushes
             rec["replica_compute_s"] = round(sum(s["compute_s"] for s in live), 3)
@@ -645,4 +650,16 @@ class ParameterServerTrainer:
             duplicate_pushes=sum(s["duplicate_pushes"] for s in stats),
             partition_bytes_per_step=final.get("partition_bytes_per_step"),
             partition_messages_per_step=final.get("partition_messages_per_step"),
+            **self._table_summary(stats),
         )
+
+    def _table_summary(self, stats: list[dict]) -> dict:
+        """The summary's table fields (none for a model without embedding tables)."""
+        if not self.server.tabled:
+            return {}
+        tables = self.layout.tables
+        return dict(table_rows=sum(t.num_rows for t in tables), table_parameters=sum(t.numel for t in tables),
+                    rows_pushed=sum(s["rows_pushed"] for s in stats),
+                    rows_fetched=sum(s["rows_fetched"] for s in stats),
+                    bytes_pushed_per_shard=[s["bytes_pushed"] for s in stats],
+                    bytes_fetched_per_shard=[s["bytes_fetched"] for s in stats])

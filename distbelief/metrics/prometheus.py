@@ -6,8 +6,10 @@ they hold the last values. Gauges (all prefixed ``distbelief_``): ``examples_tot
 ``test_accuracy`` (the run's metric), ``test_loss``, ``train_loss``, ``training_seconds``, ``updates_total``,
 ``replicas_alive``, ``staleness_mean`` / ``staleness_max`` (in updates, asynchronous strategies),
 ``shard_updates_total{shard}`` and ``shard_updates_per_second{shard}`` (per-shard update rate over the last
-evaluation interval), ``bytes_pushed_total`` / ``bytes_fetched_total`` (through the shards). A gauge a strategy
-does not record stays absent rather than zero.
+evaluation interval), ``bytes_pushed_total`` / ``bytes_fetched_total`` (through the shards). A model with
+embedding tables adds ``rows_pushed_total`` / ``rows_fetched_total``, ``rows_pushed_per_second`` /
+``rows_fetched_per_second`` (over the last interval) and ``shard_bytes_pushed_total{shard}`` /
+``shard_bytes_fetched_total{shard}``. A gauge a strategy does not record stays absent rather than zero.
 """
 
 from __future__ import annotations
@@ -31,7 +33,12 @@ _PLAIN = {  # record key -> (gauge name, help)
     "staleness_max": ("staleness_max", "largest staleness of an applied push, in updates"),
     "bytes_pushed": ("bytes_pushed_total", "gradient bytes pushed to the shards"),
     "bytes_fetched": ("bytes_fetched_total", "parameter bytes fetched from the shards"),
+    "rows_pushed": ("rows_pushed_total", "embedding-table rows updated by the shards"),
+    "rows_fetched": ("rows_fetched_total", "embedding-table rows fetched by the replicas"),
 }
+_RATES = {"rows_pushed": "rows_pushed_per_second", "rows_fetched": "rows_fetched_per_second"}
+_PER_SHARD = {"bytes_pushed_per_shard": ("shard_bytes_pushed_total", "gradient bytes each shard read"),
+              "bytes_fetched_per_shard": ("shard_bytes_fetched_total", "parameter bytes each shard served")}
 
 
 class PrometheusExporter:
@@ -46,7 +53,12 @@ class PrometheusExporter:
         self.shard_rate = Gauge("distbelief_shard_updates_per_second",
                                 "updates per second of training time of each shard, over the last interval",
                                 ["shard"], registry=self.registry)
+        self.rates = {key: Gauge(f"distbelief_{name}", f"{key.replace('_', ' ')} per second of training time, "
+                                 f"over the last interval", registry=self.registry) for key, name in _RATES.items()}
+        self.per_shard = {key: Gauge(f"distbelief_{name}", text, ["shard"], registry=self.registry)
+                          for key, (name, text) in _PER_SHARD.items()}
         self._last: tuple[float, list[int]] | None = None
+        self._last_rows: dict[str, tuple[float, float]] = {}
         try:
             self.server, self.thread = start_http_server(port, registry=self.registry)
         except OSError as e:
@@ -70,6 +82,18 @@ class PrometheusExporter:
                 for k, (n, before) in enumerate(zip(per_shard, self._last[1])):
                     self.shard_rate.labels(shard=str(k)).set((n - before) / dt)
             self._last = (wall, list(per_shard))
+        for key, gauge in self.per_shard.items():
+            if isinstance(rec.get(key), list):
+                for k, n in enumerate(rec[key]):
+                    gauge.labels(shard=str(k)).set(n)
+        for key, gauge in self.rates.items():
+            n = rec.get(key)
+            if not isinstance(n, (int, float)) or not isinstance(wall, (int, float)):
+                continue
+            before = self._last_rows.get(key)
+            if before is not None and wall > before[0]:
+                gauge.set((n - before[1]) / (wall - before[0]))
+            self._last_rows[key] = (wall, n)
 
     def close(self) -> None:
         self.server.shutdown()

@@ -174,7 +174,7 @@ class Slicer(ShardLayout):
         for t in range(len(self.tables)):
             w = self.table_values(full, t)
             for k, rows in enumerate(shard_tables):
-                w[k:: self.num_shards] = torch.as_tensor(rows[t])
+                w[k:: self.num_shards] = torch.from_numpy(np.array(rows[t], dtype=np.float32))
         return full
 
     def bytes_per_row(self, t: int) -> int:

@@ -68,7 +68,11 @@ class TableSlice:
         return self.weight_np[local_ids]  # fancy indexing: a copy
 
     def apply(self, rule, local_ids: np.ndarray, values, scale: float) -> None:
-        rule.apply_rows(self.weight, torch.from_numpy(np.asarray(local_ids)), as_tensor(values), self.state, scale)
+        ids = np.asarray(local_ids)
+        # (arrays from Ray's object store are read-only views: wrapped, not copied; the rule only reads them)
+        ids_t = torch.from_numpy(ids) if ids.flags.writeable else torch.frombuffer(
+            memoryview(ids).cast("B"), dtype=torch.int64) if ids.size else torch.empty(0, dtype=torch.int64)
+        rule.apply_rows(self.weight, ids_t, as_tensor(values).reshape(ids.size, self.spec.dim), self.state, scale)
 
 
 class ShardTables:
@@ -132,7 +136,8 @@ class ShardTables:
             out = [None if ids is None else tab.read(ids) for tab, ids in zip(self.tables, requests)]
             n = sum(len(ids) for ids in requests if ids is not None)
             self.rows_fetched += n
-            self.bytes_fetched += sum(v.nbytes for v in out if v is not None)
+            # what crossed: each row's values, and its 8-byte id in the request
+            self.bytes_fetched += sum(v.nbytes for v in out if v is not None) + 8 * n
             return out, self.version
 
     def read_table(self, t: int) -> np.ndarray:

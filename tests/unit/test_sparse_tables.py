@@ -266,3 +266,95 @@ def test_two_replicas_on_disjoint_rows_are_exact():
         rows = sorted(touched[rid])
         expect[rows] = m.e.weight.detach()[rows]
     assert torch.equal(got, expect)
+
+
+# ---------------------------------------------------------------------------------------------- the rest of the system
+def test_a_table_shard_comes_back_from_its_checkpoint_bit_for_bit(tmp_path):
+    """Rows, their Adagrad state and the dense slice are in every checkpoint; a restored shard is the shard that
+    wrote it."""
+    from distbelief.ps.durability import Durability
+
+    s, shard = _table_shard()
+    shard.durability = Durability(str(tmp_path), every_updates=0, every_seconds=0, wal=False)
+    lo, hi = s.range(1)
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        ids = np.unique(rng.integers(0, shard.tables[2].num_rows, 20)).astype(np.int64)
+        g = rng.standard_normal((ids.size, 4)).astype(np.float32)
+        shard.push(0, rng.standard_normal(hi - lo).astype(np.float32), lo, shard.version, 8,
+                   rows=[None, None, (ids, g)])
+    shard.checkpoint()
+    back = ParameterShard.restore(1, lo, hi, shard.optimizer, s.total, shard.durability, write_base=False,
+                                  tables=(s.tables, 2, None, None))
+    assert back.version == 5 and torch.equal(back.vectors["params"], shard.vectors["params"])
+    for a, b in zip(back.tables, shard.tables):
+        assert torch.equal(a.weight, b.weight)
+        assert a.state.keys() == b.state.keys() and all(torch.equal(a.state[k], b.state[k]) for k in a.state)
+
+
+def test_a_killed_table_shard_restarts_from_its_snapshot_and_reports_what_it_lost(tmp_path):
+    from distbelief.testing import Faults
+
+    ds = ctr_data(n=1024)
+    res = train(TinyCTR, ds, ds, quiet=True, runtime="inprocess", replicas=1, shards=2, batch_size=BATCH,
+                max_steps=120, max_seconds=0, eval_every_seconds=3600, seed=SEED, durability="snapshot",
+                checkpoint_every_seconds=0, checkpoint_every_updates=25, out=str(tmp_path / "run"),
+                faults=Faults(kill_shard_at_step=40, kill_shard_id=1))
+    s = res.summary
+    up = s["updates_per_shard"]
+    assert s["shard_restarts"] == 1 and up[0] == 120
+    assert s["updates_lost"] == up[0] - up[1] and 0 <= s["updates_lost"] < 40
+    assert s["rows_pushed"] > 0 and s["table_rows"] == sum(ROWS)
+
+
+@pytest.mark.parametrize("settings,field", [
+    (dict(strategy="sync"), "strategy"), (dict(durability="log"), "durability"),
+    (dict(durability="replicate"), "durability"),
+])
+def test_what_tables_cannot_do_yet_is_refused_before_any_worker_starts(settings, field):
+    ds = ctr_data(n=64)
+    kw = dict(runtime="inprocess", replicas=1, shards=2, max_steps=2, max_seconds=0, quiet=True)
+    kw.update(settings)
+    with pytest.raises(ConfigError) as e:
+        train(TinyCTR, ds, ds, **kw)
+    assert e.value.field == field and "embedding tables" in str(e.value)
+
+
+def test_an_out_of_range_id_is_an_error_naming_the_table_before_anything_is_sent():
+    from distbelief.runtime.inprocess import InProcessRuntime
+
+    s, shard = _table_shard(shard_id=0, num_shards=1)
+    rt = InProcessRuntime()
+    role = rt.create_shard(0, lambda: shard)
+    client = rt.shard_client([role], s)
+    with pytest.raises(ValueError, match=r"table 'bags.0' \(EmbeddingBag, 7 rows\): row id 7 is out of range"):
+        client.push_async(np.zeros(s.total, np.float32), [0], 1,
+                          rows=[(np.array([1], dtype=np.int64), np.ones((1, 4), np.float32)),
+                                (np.array([7], dtype=np.int64), np.ones((1, 4), np.float32)), None])
+    assert shard.version == 0 and shard.rows_pushed == 0
+    with pytest.raises(ValueError, match="table 'e0'"):
+        client.fetch_rows_async([np.array([-1], dtype=np.int64), None, None])
+
+
+def test_the_summary_and_prometheus_count_rows_and_bytes_per_shard():
+    import socket
+    import urllib.request
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    seen = []
+
+    def scrape(evaluation):
+        if evaluation.examples and not seen:
+            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+            seen.append(text)
+
+    ds = ctr_data()
+    res = run_downpour(TinyCTR, ds, max_steps=40, eval_every_seconds=0.01, metrics_port=port, callbacks=[scrape])
+    s = res.summary
+    # one replica, fetch and push every step: each shard serves and updates the rows its step touched
+    assert s["rows_pushed"] > 0 and s["rows_fetched"] >= s["rows_pushed"]
+    assert len(s["bytes_pushed_per_shard"]) == 2 and all(b > 0 for b in s["bytes_fetched_per_shard"])
+    assert seen and 'distbelief_shard_bytes_pushed_total{shard="1"}' in seen[0]
+    assert "distbelief_rows_pushed_total" in seen[0]

@@ -1,0 +1,41 @@
+"""Embedding tables on real Ray actors: every data plane (co-located updates, /dev/shm buffers, the object store)
+moves the same rows and gives exactly the in-process run's parameters."""
+
+import pytest
+import torch
+
+from distbelief import train
+from tests.unit.test_sparse_tables import BATCH, SEED, TinyCTR, ctr_data
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.usefixtures("ray_local")]
+
+
+def test_every_data_plane_serves_table_rows_bit_for_bit_as_in_process():
+    from distbelief.runtime.ray_runtime import RayRuntime
+
+    ds = ctr_data()
+    kw = dict(quiet=True, replicas=1, shards=2, max_steps=20, max_seconds=0, eval_every_seconds=3600,
+              batch_size=BATCH, seed=SEED, optimizer="adagrad", lr=0.05, overlap=True, push_every=2,
+              durability="off")
+    ref = train(TinyCTR, ds, ds, runtime="inprocess", **kw)
+    results = []
+    for use_shm, colocate in ((True, True), (True, False), (False, False)):
+        rt = RayRuntime(use_shm=use_shm, colocate=colocate)
+        try:
+            results.append(train(TinyCTR, ds, ds, runtime=rt, **kw))
+        finally:
+            rt.shutdown()
+    assert [r.summary["replicas_colocated"] for r in results] == [1, 0, 0]
+    for r in results:
+        assert torch.equal(r.flat_params, ref.flat_params)
+        assert r.summary["updates_per_shard"] == [10, 10]
+        assert r.summary["rows_pushed"] == ref.summary["rows_pushed"] > 0
+
+
+def test_two_replicas_with_tables_train_on_ray():
+    ds, test = ctr_data(n=4096), ctr_data(n=1024, seed=1)
+    res = train(TinyCTR, ds, test, quiet=True, replicas=2, shards=2, batch_size=64, max_steps=150, max_seconds=0,
+                eval_every_seconds=3600, seed=SEED)
+    s = res.summary
+    assert s["updates_per_shard"] == [300, 300] and s["rejected_pushes"] == 0
+    assert s["best_test_accuracy"] >= 0.85  # the label is a function of one dense feature and one field
