@@ -111,7 +111,7 @@ class ServerShards:
         checkpoint starts from them too)."""
         if not self.tabled:
             return None
-        return self.layout.tables, self.layout.num_shards, self.layout.shard_rows(self.init, k), None
+        return self.layout, self.layout.shard_rows(self.init, k), None
 
     def _blank(self, k: int) -> Callable:
         lo, hi = self.layout.range(k)
@@ -292,8 +292,8 @@ class ServerShards:
             out[lo : lo + len(values)] = values  # numpy copy: the values may be a read-only view of Ray's store
         if not self.tabled:
             return flat
-        n_tables = len(self.layout.tables)
-        futs = [[self.runtime.call(s, "read_table", t) for t in range(n_tables)] for s in self.roles]
+        n_groups = len(self.layout.groups)
+        futs = [[self.runtime.call(s, "read_table", g) for g in range(n_groups)] for s in self.roles]
         rows = [[f.result(self.timeout_s) for f in per_shard] for per_shard in futs]
         return self.layout.assemble(flat, rows)
 

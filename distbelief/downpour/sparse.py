@@ -13,15 +13,17 @@ pushes read. The tables are different, because a minibatch touches a few thousan
   duplicate ids and keeps ``(unique ids, values)`` per table until the next push, which carries them with the
   dense gradient (``rows=``). Untouched rows never travel.
 
-The local copy of a table is full size (unfetched rows are never read); only the rows a minibatch uses are ever
-written into it.
+Tables of one width form a row group (ps/slicer.py): the replica keeps one local tensor per group, each table's
+weight a view into it, so that fetching, writing, collecting and pushing a step's rows are a few operations per
+group, not per table. The local copy is full size (unfetched rows are never read); only the rows a minibatch uses
+are ever written into it. An id outside its table is a ValueError naming the table, raised before anything of
+the step is fetched or pushed.
 """
 
 from __future__ import annotations
 
 from typing import Callable
 
-import numpy as np
 import torch
 
 from distbelief.ps.sharding import bind_flat
@@ -32,7 +34,7 @@ class SparseModel:
 
     Args:
         slicer: the run's ``ps.slicer.Slicer`` (the client's layout).
-        client: the replica's ShardClient (rows are fetched through it in the middle of a forward).
+        client: the replica's ShardClient (rows are fetched through it just before they are used).
         local_lr: the paper's local step alpha, applied to the fetched rows of the tables too.
         timeout_s: bound on each row fetch.
     """
@@ -46,16 +48,24 @@ class SparseModel:
         self.model, self.loss_fn, self.slicer, self.client = model, loss_fn, slicer, client
         self.local_lr, self.timeout_s = local_lr, timeout_s
         self.modules = [model.get_submodule(spec.module) for spec in slicer.tables]
-        for m in self.modules:
+        # One local tensor per row group; each table's weight is a view of its rows in it.
+        self.group_w = [torch.empty(g.num_rows, g.dim, dtype=torch.float32) for g in slicer.groups]
+        for spec, m in zip(slicer.tables, self.modules):
             m.sparse = True  # row-sparse gradients: the same values, without a dense table-sized gradient
+            view = self.group_w[spec.group][spec.base: spec.base + spec.num_rows]
+            view.copy_(m.weight.detach())
+            m.weight.data = view
         self.weights = [m.weight for m in self.modules]
         table_ids = {id(w) for w in self.weights}
         self.dense = [p for p in model.parameters() if id(p) not in table_ids]
         self.flat, self.grads = bind_flat(model, params=self.dense)
         self.params = self.flat
-        self._fresh = [torch.zeros(spec.num_rows, dtype=torch.bool) for spec in slicer.tables]
-        self._fresh_ids: list[list[torch.Tensor]] = [[] for _ in slicer.tables]
-        self._pending: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in slicer.tables]
+        groups = slicer.groups
+        self._rows = [torch.tensor([slicer.tables[t].num_rows for t in g.tables]) for g in groups]
+        self._bases = [torch.tensor(g.bases) for g in groups]
+        self._fresh = [torch.zeros(g.num_rows, dtype=torch.bool) for g in groups]
+        self._fresh_keys: list[list[torch.Tensor]] = [[] for _ in groups]
+        self._pending: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in groups]
         self.rows_fetched = 0
         self.rows_pushed = 0
         self.row_fetch_calls = 0
@@ -63,81 +73,102 @@ class SparseModel:
         self._hooks = [] if self._batched else [
             m.register_forward_pre_hook(self._pre_hook(t)) for t, m in enumerate(self.modules)]
 
-    # -- fetching rows
-    def _missing(self, t: int, ids: torch.Tensor) -> torch.Tensor:
-        u = torch.unique(ids.reshape(-1).long())  # sorted
-        return u[~self._fresh[t][u]] if u.numel() and int(u[0]) >= 0 and int(u[-1]) < self._fresh[t].numel() else u
+    # -- ids to keys
+    def _keys(self, g: int, ids: list[torch.Tensor], which: slice = slice(None)) -> torch.Tensor:
+        """The sorted unique keys of row group ``g`` for ``ids[i]``, the ids (any shape) used in the i-th of the
+        group's tables ``which`` selects (all by default); ValueError naming the table for an id outside it."""
+        lens = torch.tensor([i.numel() for i in ids])
+        flat = torch.cat([i.reshape(-1) for i in ids]).long()
+        bad = (flat < 0) | (flat >= torch.repeat_interleave(self._rows[g][which], lens))
+        if bool(bad.any()):
+            pos = int(bad.nonzero()[0])
+            i = int(torch.searchsorted(lens.cumsum(0), pos, right=True))
+            spec = self.slicer.tables[self.slicer.groups[g].tables[which][i]]
+            raise ValueError(f"{spec.name()}: row id {int(flat[pos])} is out of range [0, {spec.num_rows})")
+        return torch.unique(flat + torch.repeat_interleave(self._bases[g][which], lens))  # sorted
 
-    def _load(self, requests: list) -> None:
-        """Fetch ``requests[t]`` (sorted unique ids, or None) of each table and write them into the local copy."""
-        if all(r is None or not len(r) for r in requests):
+    # -- fetching rows
+    def _load(self, keys: list) -> None:
+        """Fetch the keys of each row group (sorted unique, or None) not fetched since the last dense fetch, and
+        write them into the local copy."""
+        requests = [None if k is None else k[~self._fresh[g][k]] for g, k in enumerate(keys)]
+        requests = [None if r is None or not r.numel() else r for r in requests]
+        if all(r is None for r in requests):
             return
-        asked = [None if r is None or not len(r) else r.numpy() for r in requests]
-        values = self.client.fetch_rows_async(asked).result(self.timeout_s)  # ValueError for an id out of range
+        values = self.client.fetch_rows_async([None if r is None else r.numpy() for r in requests]).result(
+            self.timeout_s)
         self.row_fetch_calls += 1
         with torch.no_grad():
-            for t, (ids, v) in enumerate(zip(requests, values)):
-                if v is None:
+            for g, (keys_g, v) in enumerate(zip(requests, values)):
+                if keys_g is None:
                     continue
-                self.weights[t].index_copy_(0, ids, torch.from_numpy(v))
-                self._fresh[t][ids] = True
-                self._fresh_ids[t].append(ids)
-                self.rows_fetched += len(ids)
+                self.group_w[g].index_copy_(0, keys_g, torch.from_numpy(v))
+                self._fresh[g][keys_g] = True
+                self._fresh_keys[g].append(keys_g)
+                self.rows_fetched += len(keys_g)
 
     def _pre_hook(self, t: int):
+        spec = self.slicer.tables[t]
+        g, i = spec.group, self.slicer.groups[spec.group].tables.index(t)
+
         def hook(module, inputs):
-            requests = [None] * len(self.modules)
-            requests[t] = self._missing(t, inputs[0])
-            self._load(requests)
+            keys: list = [None] * len(self.slicer.groups)
+            keys[g] = self._keys(g, [inputs[0]], slice(i, i + 1))  # this table alone
+            self._load(keys)
         return hook
 
     def on_fetch(self) -> None:
         """The dense parameters were fetched: every row is due for a refresh at its next use."""
-        for t, lists in enumerate(self._fresh_ids):
-            for ids in lists:
-                self._fresh[t][ids] = False
+        for g, lists in enumerate(self._fresh_keys):
+            for keys in lists:
+                self._fresh[g][keys] = False
             lists.clear()
 
     # -- one step
     def gradient(self, x: torch.Tensor, y: torch.Tensor) -> float:
-        if self._batched:
-            self._load([self._missing(t, ids) for t, ids in enumerate(self.model.embedding_ids(x))])
+        if self._batched:  # every table's rows in one fetch per shard, before the forward
+            ids = self.model.embedding_ids(x)
+            per_group = [[ids[t] for t in g.tables] for g in self.slicer.groups]
+            self._load([self._keys(g, group_ids) for g, group_ids in enumerate(per_group)])
         self.grads.zero_()
         for w in self.weights:
             w.grad = None  # sparse gradients accumulate by concatenation: start each step empty
         loss = self.loss_fn(self.model(x), y)
         loss.backward()
-        for t, w in enumerate(self.weights):
-            if w.grad is None:
+        for g, group in enumerate(self.slicer.groups):
+            # Each table's gradient coalesced on its own (duplicate ids summed in the order torch's own sparse
+            # optimizers sum them), then the group's keys: unique and sorted, since the tables' key ranges are.
+            parts = [(self.weights[t].grad.coalesce(), self.slicer.tables[t].base) for t in group.tables
+                     if self.weights[t].grad is not None]
+            if not parts:
                 continue
-            g = w.grad.coalesce()  # duplicate ids summed
-            ids, vals = g.indices()[0], g.values()
-            self._pending[t].append((ids, vals))
+            keys = torch.cat([gr._indices()[0] + base for gr, base in parts])
+            vals = torch.cat([gr._values() for gr, _ in parts])
+            self._pending[g].append((keys, vals))
             if self.local_lr:
                 with torch.no_grad():
-                    w.index_add_(0, ids, vals, alpha=-self.local_lr)
+                    self.group_w[g].index_add_(0, keys, vals, alpha=-self.local_lr)
         return loss.item()
 
     def take_rows(self) -> list:
-        """The row-sparse gradient accrued since the last push, per table ``(ids, values)`` as numpy (sorted
-        unique int64 ids, float32 values) or None; the accrual starts again."""
+        """The row-sparse gradient accrued since the last push, per row group ``(keys, values)`` as numpy (sorted
+        unique int64 keys, float32 values) or None; the accrual starts again."""
         out = []
-        for t, pending in enumerate(self._pending):
+        for g, pending in enumerate(self._pending):
             if not pending:
                 out.append(None)
                 continue
             if len(pending) == 1:
-                ids, vals = pending[0]
+                keys, vals = pending[0]
             else:
-                dim = self.slicer.tables[t].dim
-                cat_ids = torch.cat([i for i, _ in pending])
-                cat_vals = torch.cat([v for _, v in pending])
-                g = torch.sparse_coo_tensor(cat_ids[None], cat_vals, (self.slicer.tables[t].num_rows, dim),
-                                            check_invariants=False).coalesce()
-                ids, vals = g.indices()[0], g.values()
+                group = self.slicer.groups[g]
+                summed = torch.sparse_coo_tensor(torch.cat([k for k, _ in pending])[None],
+                                                 torch.cat([v for _, v in pending]), (group.num_rows, group.dim),
+                                                 check_invariants=False).coalesce()
+                keys, vals = summed.indices()[0], summed.values()
             pending.clear()
-            self.rows_pushed += len(ids)
-            out.append((ids.numpy().astype(np.int64, copy=False), vals.contiguous().numpy()))
+            self.rows_pushed += len(keys)
+            out.append((keys.numpy(), vals.contiguous().numpy()))
         return out
 
     def agree(self, step: int, go: bool) -> bool:

@@ -38,10 +38,9 @@ class ColocatedShard:
         d = descriptor
         self.lock = ShardLock(d["lock"], timeout_s)
         # The same object the shard's process runs, over the same memory: the push path is shared code.
-        specs, num_shards = d.get("tables", ((), 1))
         self.view = ParameterShard(d["shard_id"], d["lo"], d["hi"], None, d["optimizer"], d["total"],
                                    storage=open_storage(d["files"]), lock=self.lock,
-                                   tables=(specs, num_shards, None, None))
+                                   tables=(d.get("tables"), None, None))
         self.every_updates, self.every_seconds = d["every_updates"], d["every_seconds"]
         self.acked = 0
 

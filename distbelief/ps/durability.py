@@ -20,8 +20,8 @@ from distbelief.ps.rules import persistent
 
 
 def checkpointed_rows(tensors: dict, num_tables: int) -> tuple[list, list]:
-    """``(rows, state)`` of each embedding table in a checkpoint's tensors (ps/tables.py names them
-    ``table.<t>.weight`` and ``table.<t>.opt.<name>``)."""
+    """``(rows, state)`` of each row group of embedding tables in a checkpoint's tensors (ps/tables.py names them
+    ``table.<g>.weight`` and ``table.<g>.opt.<name>``)."""
     rows = [tensors[f"table.{t}.weight"].numpy() for t in range(num_tables)]
     state = [{k[len(f"table.{t}.opt."):]: v.numpy() for k, v in tensors.items() if k.startswith(f"table.{t}.opt.")}
              for t in range(num_tables)]
@@ -216,8 +216,8 @@ class DurableShard:
                 raise ValueError(f"shard {shard_id}: checkpoint {ck.path} covers [{ck.meta['lo']}, {ck.meta['hi']}) "
                                  f"but this shard owns [{lo}, {hi})")
             state = {k[4:]: v.numpy() for k, v in ck.tensors.items() if k.startswith("opt.")}
-            if tables is not None:
-                tables = (*tables[:2], *checkpointed_rows(ck.tensors, len(tables[0])))
+            if tables is not None and tables[0] is not None:
+                tables = (tables[0], *checkpointed_rows(ck.tensors, len(tables[0].groups)))
             shard = cls(shard_id, lo, hi, ck.tensors[PARAMS].numpy(), optimizer, total, None, state, ck.meta,
                         tables=tables)
             shard.corrupt_checkpoints = ck.skipped

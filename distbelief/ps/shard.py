@@ -62,9 +62,9 @@ class ParameterShard(DurableShard, ReplicatedShard, VectorAlgebra, ShardTables):
         storage, lock: (ps/colocated.py) arrays to use as the state, in place — ``params``, ``opt.<name>``,
             ``table.<t>.*`` and ``counters`` — and the lock that guards them; a replica's view of a shared shard is
             built this way.
-        tables: ``(specs, num_shards, rows, state)`` for a model with embedding tables (ps/slicer.py): this shard
-            holds rows ``shard_id, shard_id + num_shards, ...`` of each table in ``specs``; ``rows[t]`` their
-            initial values (None: zeros), ``state[t]`` a restored shard's rule state for them (None: fresh).
+        tables: ``(slicer, rows, state)`` for a model with embedding tables (ps/slicer.py): this shard holds keys
+            ``shard_id, shard_id + K, ...`` of each of the slicer's row groups; ``rows[g]`` their initial values
+            (None: zeros), ``state[g]`` a restored shard's rule state for them (None: fresh).
     """
 
     # Updates applied to this shard; examples represented by the applied pushes; pushes refused; staleness of
@@ -100,10 +100,10 @@ class ParameterShard(DurableShard, ReplicatedShard, VectorAlgebra, ShardTables):
         self.lock = lock if lock is not None else contextlib.nullcontext()
         self._shared: dict | None = None
         self.opt_state = optimizer.init_state(hi - lo) if optimizer is not None else {}
-        specs, num_shards, rows, rows_state = tables or ((), 1, None, None)
-        self._table_init = (tuple(specs), num_shards)
+        slicer, rows, rows_state = tables or (None, None, None)
+        self.slicer = slicer
         if storage is not None:
-            self._bind_table_storage(specs, num_shards, storage)
+            self._bind_table_storage(slicer, storage)
             self._bind(storage)
         else:
             values = np.array(init_values, dtype=np.float32, copy=True).reshape(-1)
@@ -119,7 +119,7 @@ class ParameterShard(DurableShard, ReplicatedShard, VectorAlgebra, ShardTables):
                 setattr(self, name, int((counters or {}).get(name, 0)))
             self._last_ckpt_version = self.version
             self._last_ckpt_time_ns = time.monotonic_ns()
-            self._init_tables(specs, num_shards, rows, rows_state)
+            self._init_tables(slicer, rows, rows_state)
         self.restored_from_version = -1
         self.replayed_updates = 0
         self.corrupt_checkpoints: list[str] = []
@@ -178,7 +178,7 @@ class ParameterShard(DurableShard, ReplicatedShard, VectorAlgebra, ShardTables):
             d = self.durability
             self._shared = {
                 "shard_id": self.shard_id, "lo": self.lo, "hi": self.hi, "total": self.total,
-                "optimizer": self.optimizer, "files": files, "lock": lock_path, "tables": self._table_init,
+                "optimizer": self.optimizer, "files": files, "lock": lock_path, "tables": self.slicer,
                 "every_updates": d.every_updates if d else 0, "every_seconds": d.every_seconds if d else 0.0,
             }
         return self._shared

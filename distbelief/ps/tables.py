@@ -1,9 +1,9 @@
 """Embedding-table rows on a parameter shard: the shard's side of sparse fetch and push.
 
-Shard ``k`` of ``K`` holds rows ``k, k + K, k + 2K, ...`` of every table (ps/slicer.py says why), at local indices
-``0, 1, 2, ...``, with the server rule's per-row state for them (``rule.init_row_state``). A replica fetches only
-the rows its minibatch uses and pushes a row-sparse gradient: unique local row ids (sorted, as a coalesced sparse
-gradient gives them) and their summed values. The rule updates those rows and their state in place
+Shard ``k`` of ``K`` holds keys ``k, k + K, k + 2K, ...`` of every row group (the tables of one width, ps/slicer.py
+says why), at local indices ``0, 1, 2, ...``, with the server rule's per-row state for them
+(``rule.init_row_state``). A replica fetches only the rows its minibatch uses and pushes a row-sparse gradient:
+unique local row ids (sorted, as a coalesced sparse gradient gives them) and their summed values. The rule updates those rows and their state in place
 (``rule.apply_rows``); every other row and its state stay bit for bit as they were.
 
 A push is checked whole before any of it is applied: a row id outside the table is a ``ValueError`` naming the
@@ -31,10 +31,11 @@ def _rows_shaped(a: np.ndarray, num_rows: int, dim: int) -> np.ndarray:
 
 
 class TableSlice:
-    """This shard's rows of one table: ``weight`` ``(local_rows, dim)`` and the rule's row state."""
+    """This shard's rows of one row group: ``weight`` ``(local_rows, dim)`` and the rule's row state."""
 
-    def __init__(self, spec, shard_id: int, num_shards: int, weight: np.ndarray, state: dict[str, torch.Tensor]):
-        self.spec, self.shard_id, self.num_shards = spec, shard_id, num_shards
+    def __init__(self, slicer, group: int, shard_id: int, weight: np.ndarray, state: dict[str, torch.Tensor]):
+        self.slicer, self.group, self.shard_id = slicer, group, shard_id
+        self.num_shards, self.dim = slicer.num_shards, slicer.groups[group].dim
         self.weight_np = weight
         self.weight = torch.from_numpy(weight)
         self.state = state
@@ -43,26 +44,26 @@ class TableSlice:
     def num_rows(self) -> int:
         return self.weight.shape[0]
 
-    def name(self) -> str:
-        return f"table {self.spec.module!r} ({self.spec.kind}, {self.spec.num_rows:,} rows)"
+    def _key(self, local: int) -> int:
+        return int(local) * self.num_shards + self.shard_id
 
     def check(self, local_ids: np.ndarray, values=None) -> None:
         """Raise ValueError (naming the table and the global row id) unless ``local_ids`` are sorted unique ids of
         rows this shard holds and ``values`` is ``(len(ids), dim)`` float32."""
         ids = np.asarray(local_ids)
+        where = f"shard {self.shard_id}, row group {self.group}"
         if ids.ndim != 1 or ids.dtype != np.int64:
-            raise ValueError(f"{self.name()}: row ids must be a 1-D int64 array, got {ids.dtype} {ids.shape}")
+            raise ValueError(f"{where}: row ids must be a 1-D int64 array, got {ids.dtype} {ids.shape}")
         if ids.size and (ids[0] < 0 or ids[-1] >= self.num_rows):
             bad = ids[(ids < 0) | (ids >= self.num_rows)][0]
-            raise ValueError(f"{self.name()}: row id {int(bad) * self.num_shards + self.shard_id} is out of range "
-                             f"[0, {self.spec.num_rows})")
+            raise ValueError(self.slicer.describe_key(self.group, self._key(bad)))
         if ids.size > 1 and not bool(np.all(ids[1:] > ids[:-1])):
-            raise ValueError(f"{self.name()}: row ids must be sorted and unique (sum duplicates before pushing)")
+            raise ValueError(f"{where}: row ids must be sorted and unique (sum duplicates before pushing)")
         if values is not None:
             v = np.asarray(values)
-            if v.dtype != np.float32 or v.shape != (ids.size, self.spec.dim):
-                raise ValueError(f"{self.name()}: values must be float32 of shape ({ids.size}, {self.spec.dim}), "
-                                 f"got {v.dtype} {v.shape}")
+            if v.dtype != np.float32 or v.size != ids.size * self.dim:
+                raise ValueError(f"{where}: values must be float32 of shape ({ids.size}, {self.dim}), got {v.dtype} "
+                                 f"{v.shape}")
 
     def read(self, local_ids: np.ndarray) -> np.ndarray:
         return self.weight_np[local_ids]  # fancy indexing: a copy
@@ -72,7 +73,7 @@ class TableSlice:
         # (arrays from Ray's object store are read-only views: wrapped, not copied; the rule only reads them)
         ids_t = torch.from_numpy(ids) if ids.flags.writeable else torch.frombuffer(
             memoryview(ids).cast("B"), dtype=torch.int64) if ids.size else torch.empty(0, dtype=torch.int64)
-        rule.apply_rows(self.weight, ids_t, as_tensor(values).reshape(ids.size, self.spec.dim), self.state, scale)
+        rule.apply_rows(self.weight, ids_t, as_tensor(values).reshape(ids.size, self.dim), self.state, scale)
 
 
 class ShardTables:
@@ -80,32 +81,30 @@ class ShardTables:
 
     tables: list[TableSlice]
 
-    def _init_tables(self, specs, num_shards: int, rows: list[np.ndarray] | None,
-                     state: list[dict] | None) -> None:
-        """Tables from their initial rows (``rows[t]``: ``(local_rows, dim)``; None: zeros, a blank backup) and,
-        for a restored shard, their saved rule state (``state[t]``: name -> array)."""
-        self.table_specs, self.num_shards = tuple(specs), num_shards
+    def _init_tables(self, slicer, rows: list[np.ndarray] | None, state: list[dict] | None) -> None:
+        """This shard's rows of each row group of ``slicer`` (None: a model without tables) from their initial
+        values (``rows[g]``: ``(local_rows, dim)``; None: zeros, a blank backup) and, for a restored shard, their
+        saved rule state (``state[g]``: name -> array)."""
         self.tables = []
-        for t, spec in enumerate(specs):
-            n = spec.local_rows(self.shard_id, num_shards)
-            w = (np.zeros((n, spec.dim), dtype=np.float32) if rows is None
-                 else np.array(rows[t], dtype=np.float32, copy=True).reshape(n, spec.dim))
-            st = self.optimizer.init_row_state(n, spec.dim) if self.optimizer is not None else {}
-            for name, value in ((state or [{}] * len(specs))[t] or {}).items():
+        for g, group in enumerate(slicer.groups if slicer is not None else ()):
+            n = group.local_rows(self.shard_id, slicer.num_shards)
+            w = (np.zeros((n, group.dim), dtype=np.float32) if rows is None
+                 else np.array(rows[g], dtype=np.float32, copy=True).reshape(n, group.dim))
+            st = self.optimizer.init_row_state(n, group.dim) if self.optimizer is not None else {}
+            for name, value in ((state or [{}] * len(slicer.groups))[g] or {}).items():
                 st[name].copy_(torch.as_tensor(np.asarray(value, dtype=np.float32)).reshape(st[name].shape))
-            self.tables.append(TableSlice(spec, self.shard_id, num_shards, w, st))
+            self.tables.append(TableSlice(slicer, g, self.shard_id, w, st))
 
-    def _bind_table_storage(self, specs, num_shards: int, storage: dict[str, np.ndarray]) -> None:
-        """Tables over ``storage``'s arrays, in place (a co-located replica's view of a shared shard)."""
-        self.table_specs, self.num_shards = tuple(specs), num_shards
+    def _bind_table_storage(self, slicer, storage: dict[str, np.ndarray]) -> None:
+        """Row groups over ``storage``'s arrays, in place (a co-located replica's view of a shared shard)."""
         self.tables = []
-        for t, spec in enumerate(specs):
-            prefix = f"{TABLE_PREFIX}{t}.opt."
-            n = spec.local_rows(self.shard_id, num_shards)
-            state = {k[len(prefix):]: torch.from_numpy(_rows_shaped(v, n, spec.dim))
+        for g, group in enumerate(slicer.groups if slicer is not None else ()):
+            prefix = f"{TABLE_PREFIX}{g}.opt."
+            n = group.local_rows(self.shard_id, slicer.num_shards)
+            state = {k[len(prefix):]: torch.from_numpy(_rows_shaped(v, n, group.dim))
                      for k, v in storage.items() if k.startswith(prefix)}
-            weight = _rows_shaped(storage[f"{TABLE_PREFIX}{t}.weight"], n, spec.dim)
-            self.tables.append(TableSlice(spec, self.shard_id, num_shards, weight, state))
+            weight = _rows_shaped(storage[f"{TABLE_PREFIX}{g}.weight"], n, group.dim)
+            self.tables.append(TableSlice(slicer, g, self.shard_id, weight, state))
 
     def _table_arrays(self) -> dict[str, torch.Tensor]:
         """Every table's weight and persistent rule state, by their checkpoint / shared-memory names."""
@@ -127,8 +126,9 @@ class ShardTables:
                     tab.state[name] = torch.from_numpy(_rows_shaped(storage[key], n, dim))
 
     def fetch_rows(self, requests: list, replica_id: int = -1) -> tuple[list, int]:
-        """``requests[t]``: sorted unique local row ids of table ``t`` (None: none). Returns ``(values, version)``
-        with ``values[t]`` a ``(len(ids), dim)`` float32 copy (None where nothing was asked)."""
+        """``requests[g]``: sorted unique local row ids of row group ``g`` (None: none). Returns
+        ``(values, version)`` with ``values[g]`` a ``(len(ids), dim)`` float32 copy (None where nothing was
+        asked)."""
         for tab, ids in zip(self.tables, requests):
             if ids is not None:
                 tab.check(ids)
@@ -141,7 +141,7 @@ class ShardTables:
             return out, self.version
 
     def read_table(self, t: int) -> np.ndarray:
-        """All of this shard's rows of table ``t`` (a copy; the driver's evaluation and final read)."""
+        """All of this shard's rows of row group ``t`` (a copy; the driver's evaluation and final read)."""
         with self.lock:
             w = self.tables[t].weight_np.copy()
             self.bytes_fetched += w.nbytes
@@ -153,8 +153,8 @@ class ShardTables:
         if rows is None:
             return True
         if len(rows) != len(self.tables):
-            raise ValueError(f"shard {self.shard_id}: a push carries rows for {len(rows)} tables, the model has "
-                             f"{len(self.tables)}")
+            raise ValueError(f"shard {self.shard_id}: a push carries rows for {len(rows)} row groups, the model "
+                             f"has {len(self.tables)}")
         for tab, entry in zip(self.tables, rows):
             if entry is not None:
                 tab.check(*entry)

@@ -193,14 +193,14 @@ class ShardClient(ABC):
 
     @abstractmethod
     def push_async(self, grad, versions: Sequence[int] | None, num_examples: int, rows=None) -> Future:
-        """``rows`` (a model with embedding tables, ps/slicer.py): per table None or ``(ids, values)``, the
-        row-sparse gradient — sorted unique global row ids (int64) and their summed values (float32
-        ``(len(ids), dim)``). Each shard gets its own rows with its dense range, as one update."""
+        """``rows`` (a model with embedding tables, ps/slicer.py): per row group None or ``(keys, values)``, the
+        row-sparse gradient — sorted unique keys (int64) and their summed values (float32 ``(len(keys), dim)``).
+        Each shard gets its own rows with its dense range, as one update."""
 
     # -- embedding-table rows (the layout is then a ps.slicer.Slicer)
     def fetch_rows_async(self, requests: list) -> Future:
-        """``requests[t]``: sorted unique global row ids of table ``t`` (None: none). ``result`` is, per table, a
-        float32 ``(len(ids), dim)`` array of those rows' current values (None where nothing was asked)."""
+        """``requests[g]``: sorted unique keys of row group ``g`` (None: none). ``result`` is, per group, a float32
+        ``(len(keys), dim)`` array of those rows' current values (None where nothing was asked)."""
         per_shard, places = self._split_requests(requests)
         answers = self._fetch_rows_calls(per_shard)
         return _Mapped(answers, lambda replies: self._assemble_rows(requests, places, replies))
@@ -211,15 +211,15 @@ class ShardClient(ABC):
         raise NotImplementedError(f"{type(self).__name__} cannot fetch embedding-table rows")
 
     def check_rows(self, rows_or_ids: list) -> None:
-        """ValueError naming the table for a row id outside it (nothing has been sent yet)."""
-        for spec, entry in zip(self.layout.tables, rows_or_ids):
+        """ValueError naming the table for a key outside its row group (nothing has been sent yet). The replica
+        checks each table's ids against the table before it turns them into keys (downpour/sparse.py)."""
+        for g, (group, entry) in enumerate(zip(self.layout.groups, rows_or_ids)):
             if entry is None:
                 continue
             ids = entry[0] if isinstance(entry, tuple) else entry
-            if len(ids) and (int(ids[0]) < 0 or int(ids[-1]) >= spec.num_rows):
-                bad = ids[(ids < 0) | (ids >= spec.num_rows)][0]
-                raise ValueError(f"table {spec.module!r} ({spec.kind}, {spec.num_rows:,} rows): row id {int(bad)} "
-                                 f"is out of range [0, {spec.num_rows})")
+            if len(ids) and (int(ids[0]) < 0 or int(ids[-1]) >= group.num_rows):
+                bad = ids[(ids < 0) | (ids >= group.num_rows)][0]
+                raise ValueError(self.layout.describe_key(g, int(bad)))
 
     def _split_push_rows(self, rows) -> list:
         """Per shard, its part of a push's ``rows`` (None for every shard when there are none)."""
@@ -241,8 +241,8 @@ class ShardClient(ABC):
         return per_shard, places
 
     def _assemble_rows(self, requests: list, places: list[list], replies: list) -> list:
-        out = [None if ids is None else np.empty((len(ids), spec.dim), dtype=np.float32)
-               for ids, spec in zip(requests, self.layout.tables)]
+        out = [None if ids is None else np.empty((len(ids), group.dim), dtype=np.float32)
+               for ids, group in zip(requests, self.layout.groups)]
         for k, (values, _version) in enumerate(replies):
             for t, pos in enumerate(places[k]):
                 if pos is not None:

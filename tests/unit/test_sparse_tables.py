@@ -97,15 +97,26 @@ def test_slicer_finds_tables_and_deals_rows_modulo():
     s = Slicer.for_model(model, 3)
     assert [t.module for t in s.tables] == ["e0", "bags.0", "bags.1"]
     assert [t.num_rows for t in s.tables] == list(ROWS)
+    # one width, one row group: keys are the tables' rows one after the other
+    assert len(s.groups) == 1 and s.groups[0].num_rows == sum(ROWS) and s.groups[0].bases == (0, 50, 57)
     n_dense = sum(p.numel() for n, p in model.named_parameters() if "e0" not in n and "bags" not in n)
     assert s.total == n_dense and s.full_total == sum(p.numel() for p in model.parameters())
     assert sum(s.sizes()) == n_dense and max(s.sizes()) - min(s.sizes()) <= 1
-    assert [t.local_rows(k, 3) for t in s.tables[:1] for k in range(3)] == [17, 17, 16]
+    assert [s.groups[0].local_rows(k, 3) for k in range(3)] == [119, 119, 119]
     full = flatten(model)
     back = s.assemble(s.to_dense(full), [s.shard_rows(full, k) for k in range(3)])
     assert torch.equal(back, full)
-    rows0 = s.shard_rows(full, 1)[0]
-    assert np.array_equal(rows0, model.e0.weight.detach().numpy()[1::3])
+    rows1 = s.shard_rows(full, 1)[0]  # keys 1, 4, 7, ...: e0's rows 1, 4, ..., 49, then bags.0's row 2 (key 52)
+    assert np.array_equal(rows1[:17], model.e0.weight.detach().numpy()[1::3])
+    assert np.array_equal(rows1[17], model.bags[0].weight.detach().numpy()[2])
+    assert s.describe_key(0, 52) == "table 'bags.0' (EmbeddingBag, 7 rows): row id 2"
+
+
+def test_tables_of_different_widths_are_separate_row_groups():
+    m = nn.Module()
+    m.a, m.b, m.c, m.d = nn.Embedding(5, 2), nn.Linear(2, 2), nn.EmbeddingBag(6, 3), nn.Embedding(4, 2)
+    s = Slicer.for_model(m, 2)
+    assert [(g.dim, g.num_rows, g.tables, g.bases) for g in s.groups] == [(2, 9, (0, 2), (0, 5)), (3, 6, (1,), (0,))]
 
 
 def test_slicer_refuses_tables_it_cannot_serve():
@@ -130,7 +141,7 @@ def _table_shard(rule="adagrad", shard_id=1, num_shards=2):
     lo, hi = s.range(shard_id)
     dense = s.to_dense(full)
     shard = ParameterShard(shard_id, lo, hi, dense[lo:hi].numpy(), make_rule(rule, lr=0.1), s.total,
-                           tables=(s.tables, num_shards, s.shard_rows(full, shard_id), None))
+                           tables=(s, s.shard_rows(full, shard_id), None))
     return s, shard
 
 
@@ -140,15 +151,13 @@ def test_untouched_rows_and_their_state_stay_bit_for_bit():
     before = [(t.weight.clone(), {k: v.clone() for k, v in t.state.items()}) for t in shard.tables]
     ids = np.array([0, 3, 7], dtype=np.int64)
     g = np.ones((3, 4), dtype=np.float32)
-    shard.push(0, np.zeros(hi - lo, np.float32), lo, 0, 4, rows=[(ids, g), None, None])
+    shard.push(0, np.zeros(hi - lo, np.float32), lo, 0, 4, rows=[(ids, g)])
     w0, st0 = before[0]
     touched = torch.zeros(w0.shape[0], dtype=torch.bool)
     touched[ids] = True
     assert torch.equal(shard.tables[0].weight[~touched], w0[~touched])
     assert torch.equal(shard.tables[0].state["sum_sq"][~touched], st0["sum_sq"][~touched])
     assert not torch.equal(shard.tables[0].weight[touched], w0[touched])
-    for t in (1, 2):
-        assert torch.equal(shard.tables[t].weight, before[t][0])
     assert shard.stats()["rows_pushed"] == 3
 
 
@@ -157,11 +166,9 @@ def test_out_of_range_row_is_an_error_naming_the_table_and_nothing_is_applied():
     lo, hi = s.range(1)
     params = shard.vectors["params"].clone()
     w = shard.tables[0].weight.clone()
-    bad = np.array([shard.tables[2].num_rows], dtype=np.int64)  # one past the shard's last row of table 2
+    bad = np.array([1, shard.tables[0].num_rows], dtype=np.int64)  # the second: one past the shard's last row
     with pytest.raises(ValueError, match=r"table 'bags.1'.*out of range \[0, 300\)"):
-        shard.push(0, np.ones(hi - lo, np.float32), lo, 0, 4,
-                   rows=[(np.array([1], dtype=np.int64), np.ones((1, 4), np.float32)), None,
-                         (bad, np.ones((1, 4), np.float32))])
+        shard.push(0, np.ones(hi - lo, np.float32), lo, 0, 4, rows=[(bad, np.ones((2, 4), np.float32))])
     assert torch.equal(shard.vectors["params"], params) and torch.equal(shard.tables[0].weight, w)
     assert shard.version == 0
 
@@ -171,16 +178,15 @@ def test_non_finite_rows_reject_the_whole_push():
     lo, hi = s.range(1)
     params = shard.vectors["params"].clone()
     g = np.full((1, 4), np.nan, dtype=np.float32)
-    shard.push(0, np.ones(hi - lo, np.float32), lo, 0, 4, rows=[(np.array([2], dtype=np.int64), g), None, None])
+    shard.push(0, np.ones(hi - lo, np.float32), lo, 0, 4, rows=[(np.array([2], dtype=np.int64), g)])
     assert shard.rejected_pushes == 1 and shard.version == 0
     assert torch.equal(shard.vectors["params"], params)
 
 
 def test_fetch_rows_returns_the_shards_rows():
     s, shard = _table_shard()
-    vals, version = shard.fetch_rows([np.array([0, 5], dtype=np.int64), None, np.array([149], dtype=np.int64)])
-    assert np.array_equal(vals[0], shard.tables[0].weight_np[[0, 5]]) and vals[1] is None
-    assert vals[2].shape == (1, 4) and version == 0
+    vals, version = shard.fetch_rows([np.array([0, 5, 177], dtype=np.int64)])
+    assert np.array_equal(vals[0], shard.tables[0].weight_np[[0, 5, 177]]) and version == 0
     assert shard.stats()["rows_fetched"] == 3
 
 
@@ -279,13 +285,12 @@ def test_a_table_shard_comes_back_from_its_checkpoint_bit_for_bit(tmp_path):
     lo, hi = s.range(1)
     rng = np.random.default_rng(0)
     for _ in range(5):
-        ids = np.unique(rng.integers(0, shard.tables[2].num_rows, 20)).astype(np.int64)
+        ids = np.unique(rng.integers(0, shard.tables[0].num_rows, 20)).astype(np.int64)
         g = rng.standard_normal((ids.size, 4)).astype(np.float32)
-        shard.push(0, rng.standard_normal(hi - lo).astype(np.float32), lo, shard.version, 8,
-                   rows=[None, None, (ids, g)])
+        shard.push(0, rng.standard_normal(hi - lo).astype(np.float32), lo, shard.version, 8, rows=[(ids, g)])
     shard.checkpoint()
     back = ParameterShard.restore(1, lo, hi, shard.optimizer, s.total, shard.durability, write_base=False,
-                                  tables=(s.tables, 2, None, None))
+                                  tables=(s, None, None))
     assert back.version == 5 and torch.equal(back.vectors["params"], shard.vectors["params"])
     for a, b in zip(back.tables, shard.tables):
         assert torch.equal(a.weight, b.weight)
@@ -327,13 +332,26 @@ def test_an_out_of_range_id_is_an_error_naming_the_table_before_anything_is_sent
     rt = InProcessRuntime()
     role = rt.create_shard(0, lambda: shard)
     client = rt.shard_client([role], s)
-    with pytest.raises(ValueError, match=r"table 'bags.0' \(EmbeddingBag, 7 rows\): row id 7 is out of range"):
+    with pytest.raises(ValueError, match=r"table 'bags.1' \(EmbeddingBag, 300 rows\): row id 300 is out of range"):
         client.push_async(np.zeros(s.total, np.float32), [0], 1,
-                          rows=[(np.array([1], dtype=np.int64), np.ones((1, 4), np.float32)),
-                                (np.array([7], dtype=np.int64), np.ones((1, 4), np.float32)), None])
+                          rows=[(np.array([1, 357], dtype=np.int64), np.ones((2, 4), np.float32))])
     assert shard.version == 0 and shard.rows_pushed == 0
     with pytest.raises(ValueError, match="table 'e0'"):
-        client.fetch_rows_async([np.array([-1], dtype=np.int64), None, None])
+        client.fetch_rows_async([np.array([-1], dtype=np.int64)])
+
+
+@pytest.mark.parametrize("model_fn", [TinyCTR, DeclaredCTR], ids=["hooks", "embedding_ids"])
+def test_a_replica_refuses_an_id_outside_its_table_naming_it(model_fn, capsys):
+    """Id 7 of the 7-row table: a key inside the row group (bags.1's row 0), but no row of bags.0 — refused by
+    the replica before anything is fetched or pushed, and the run says which table."""
+    ds, test = ctr_data(n=64), ctr_data(n=64)
+    ds.tensors[0][5, 3] = 7.0  # field 1 (bags.0) of example 5
+    settings = dict(strategy="downpour", runtime="inprocess", replicas=1, shards=2, max_steps=8, batch_size=64,
+                    max_seconds=0, eval_every_seconds=3600, durability="off", max_replica_restarts=0)
+    res = train(model_fn, ds, test, **settings)
+    out = capsys.readouterr()
+    assert "table 'bags.0' (EmbeddingBag, 7 rows): row id 7 is out of range [0, 7)" in out.out + out.err
+    assert res.summary["replicas_lost"] == 1 and res.summary["updates"] == 0  # nothing of it was applied
 
 
 def test_the_summary_and_prometheus_count_rows_and_bytes_per_shard():
