@@ -376,3 +376,24 @@ def test_the_summary_and_prometheus_count_rows_and_bytes_per_shard():
     assert len(s["bytes_pushed_per_shard"]) == 2 and all(b > 0 for b in s["bytes_fetched_per_shard"])
     assert seen and 'distbelief_shard_bytes_pushed_total{shard="1"}' in seen[0]
     assert "distbelief_rows_pushed_total" in seen[0]
+
+
+def test_ssp_with_tables_holds_replicas_within_the_bound():
+    from distbelief.testing import Faults
+
+    ds = ctr_data(n=1024)
+    res = run_downpour(TinyCTR, ds, replicas=3, max_steps=30, consistency="ssp", staleness_bound=1,
+                       optimizer="adagrad", faults=Faults(straggler_id=1, straggler_slowdown=4))
+    s = res.summary
+    assert s["steps_per_replica"] == [30, 30, 30] and s["clock_gap_max"] <= 1
+    assert s["updates"] == 3 * 30 * 2 and s["rows_pushed"] > 0
+
+
+def test_elastic_replicas_with_tables():
+    """--replicas 1:2 in one process (room for both from the start): each replica's table rows reach the
+    shards like a fixed replica's."""
+    ds = ctr_data(n=1024)
+    res = run_downpour(TinyCTR, ds, replicas=1, max_replicas=2, max_steps=20)
+    s = res.summary
+    assert s["max_replicas"] == 2 and s["steps_per_replica"] == [20, 20]
+    assert s["updates_per_shard"] == [40, 40] and s["rows_pushed"] > 0
