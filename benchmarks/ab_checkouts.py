@@ -1,6 +1,10 @@
-"""A/B the Fig. 4 Downpour + Adagrad recipe's throughput between two checkouts of distbelief, interleaved.
+"""A/B Downpour's throughput between two checkouts of distbelief, interleaved.
 
     .venv/bin/python benchmarks/ab_checkouts.py OLD_CHECKOUT NEW_CHECKOUT [--rounds 5] [--seconds 40]
+        [--model fig4-recipe | paper | fig4]
+
+``fig4-recipe`` (the default): the Fig. 4 Downpour + Adagrad recipe. ``paper`` / ``fig4``: `distbelief bench
+throughput`'s Downpour method on that model, with the defaults (2 replicas x 2 shards): the no-regression guard.
 
 e.g. ``git worktree add /tmp/old HEAD~1`` and compare it with this checkout. Each run is a fresh process with
 ``PYTHONPATH`` set to its checkout (so the Ray workers it starts import the same code), alternating A, B, A, B...
@@ -28,16 +32,21 @@ try:
     from distbelief.bench.recipes import FULL, method_settings
 except ImportError:  # a checkout from before the recipes had a module of their own
     from distbelief.bench.accuracy import FULL, method_settings
-cfg = dict(method_settings(FULL, "downpour-adagrad", 2), max_seconds=float(sys.argv[1]))
+if sys.argv[2] == "fig4-recipe":
+    cfg = dict(method_settings(FULL, "downpour-adagrad", 2), max_seconds=float(sys.argv[1]))
+else:  # bench throughput's Downpour on that model: the defaults
+    from distbelief.bench.throughput import METHODS, MODELS
+    cfg = dict(MODELS[sys.argv[2]], **METHODS["downpour"], max_seconds=float(sys.argv[1]))
 ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, logging_level="ERROR")
 s = train_task(RunConfig(**cfg), quiet=True).summary
 print("RESULT " + json.dumps({k: s.get(k) for k in ("examples_per_s", "staleness_mean", "best_test_accuracy")}))
 """
 
 
-def run_once(checkout: Path, seconds: float) -> dict:
+def run_once(checkout: Path, seconds: float, model: str = "fig4-recipe") -> dict:
     env = {**os.environ, "PYTHONPATH": str(checkout), "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-c", RUN, str(seconds)], cwd=checkout, env=env, capture_output=True,
+    out = subprocess.run([sys.executable, "-c", RUN, str(seconds), model], cwd=checkout, env=env,
+                         capture_output=True,
                          text=True, timeout=seconds + 600)
     line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if out.returncode != 0 or line is None:
@@ -51,6 +60,7 @@ def main() -> None:
     ap.add_argument("b", type=Path, help="checkout B (e.g. this checkout)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--seconds", type=float, default=40.0)
+    ap.add_argument("--model", default="fig4-recipe", choices=("fig4-recipe", "paper", "fig4"))
     args = ap.parse_args()
     for c in (args.a, args.b):
         if not (c / "distbelief" / "__init__.py").is_file():
@@ -59,13 +69,15 @@ def main() -> None:
     rates = {"a": [], "b": []}
     for i in range(args.rounds):
         for key in ("a", "b"):
-            r = run_once(getattr(args, key), args.seconds)
+            r = run_once(getattr(args, key), args.seconds, args.model)
             rates[key].append(r["examples_per_s"])
             print(json.dumps({"round": i + 1, "checkout": key, **r}), flush=True)
     ma, mb = statistics.mean(rates["a"]), statistics.mean(rates["b"])
+    da, db = statistics.median(rates["a"]), statistics.median(rates["b"])
     wins = sum(b > a for a, b in zip(rates["a"], rates["b"]))
-    print(json.dumps({"a_mean_examples_per_s": round(ma), "b_mean_examples_per_s": round(mb),
-                      "b_over_a": round(mb / ma, 3), "b_wins_rounds": f"{wins}/{args.rounds}"}))
+    print(json.dumps({"model": args.model, "a_mean_examples_per_s": round(ma), "b_mean_examples_per_s": round(mb),
+                      "b_over_a": round(mb / ma, 3), "a_median": round(da), "b_median": round(db),
+                      "b_over_a_median": round(db / da, 3), "b_wins_rounds": f"{wins}/{args.rounds}"}))
 
 
 if __name__ == "__main__":
