@@ -169,11 +169,6 @@ def check_tables(model: torch.nn.Module, cfg: RunConfig, resume: bool) -> None:
                                       f"and ddp baselines); {cfg.strategy} does not serve table rows yet")
     if cfg.partitions > 1:
         raise ConfigError("partitions", f"{why}: a partitioned replica does not serve table rows yet")
-    if cfg.durability in ("log", "replicate"):
-        raise ConfigError("durability", f"{why}: --durability {cfg.durability} does not cover table rows yet; use "
-                                        f"snapshot (rows and their optimizer state are in every snapshot) or off")
-    if resume:
-        raise ConfigError("resume", f"{why}: resuming a run with tables is not supported yet")
     if cfg.device not in ("cpu", "auto"):
         raise ConfigError("device", f"{why}: replicas with tables compute on the CPU")
 
@@ -236,6 +231,9 @@ def train(
         metric_fn: ``metric_fn(outputs, targets) -> float`` over the whole test set (higher is better: return
             e.g. minus the mean squared error, or an AUC); the test and training metric of every evaluation,
             ``final_test_accuracy`` and ``target_accuracy`` are this metric. Classification accuracy by default.
+            An object may also carry ``name`` (what the progress lines call the metric, e.g. "AUC") and
+            ``summary_fields(summary, model, test_data) -> dict`` (fields of ``RunSummary`` it adds to the summary
+            once the run ended, ``model`` holding the final parameters): see ``distbelief.metrics.ctr.AUCMetric``.
         runtime: a Runtime instance, or the name of one (``"ray"``, ``"inprocess"``); by default
             ``config.runtime``.
         quiet: suppress progress output.
@@ -314,8 +312,10 @@ def train(
               metric_fn)
     # A mean cross-entropy above the ceiling is divergence; a custom loss's scale is unknown: relative rule only.
     ceiling = DIVERGENCE_CEILING if custom_loss is None else math.inf
+    metric_name = getattr(metric_fn, "name", "accuracy")
     recorder = RunRecorder(cfg.out or None, cfg.to_dict(), quiet=quiet, write_config=not resume,
-                           loss_ceiling=ceiling, callbacks=callbacks or (), metrics_port=cfg.metrics_port)
+                           loss_ceiling=ceiling, callbacks=callbacks or (), metrics_port=cfg.metrics_port,
+                           metric_name=metric_name)
     threads_before = torch.get_num_threads()
     try:
         summary, flat, buffers = _run_strategy(job, recorder, runtime, resume)
@@ -332,14 +332,30 @@ def train(
         from distbelief.buffers import load_buffers
 
         load_buffers(model, buffers)
+    summary = _with_metric_fields(summary, metric_fn, model, test_data)
     recorder.finish(summary, flat, buffers=buffers)
     recorder.log(
-        f"done: {summary['stop_reason']}; final test accuracy {summary['final_test_accuracy']:.4f} "
+        f"done: {summary['stop_reason']}; final test {metric_name} {summary['final_test_accuracy']:.4f} "
         f"(best {summary['best_test_accuracy']:.4f}) in {summary['wall_s']:.1f}s, "
         f"{summary['examples_per_s']:,.0f} examples/s"
         + (f"; run directory {recorder.out_dir}" if recorder.out_dir else "")
     )
     return TrainResult(summary, recorder.records, flat, model, recorder.out_dir)
+
+
+def _with_metric_fields(summary: dict, metric_fn, model: torch.nn.Module, test_data) -> dict:
+    """``summary`` with the fields the run's metric adds (``metric_fn.summary_fields``, if it has one)."""
+    add = getattr(metric_fn, "summary_fields", None)
+    if add is None:
+        return summary
+    from dataclasses import fields
+
+    extra = add(summary, model, test_data)
+    unknown = sorted(set(extra) - {f.name for f in fields(RunSummary)})
+    if unknown:
+        raise ConfigError("metric_fn", f"summary_fields returned {', '.join(unknown)}, which RunSummary does not "
+                                       f"name (distbelief/summary.py)")
+    return {**summary, **{k: v for k, v in extra.items() if v is not None}}
 
 
 def _run_strategy(job, recorder, runtime, resume: bool) -> tuple[dict, "torch.Tensor", dict | None]:
@@ -424,22 +440,49 @@ def make_runtime(cfg: RunConfig):
     return RayRuntime(address=cfg.address or None, remote_timeout_s=cfg.remote_timeout_s)
 
 
-def task_job(cfg: RunConfig):
-    """Model factory and data for a shipped task (used by the CLI and benchmarks)."""
+@dataclass
+class TaskJob:
+    """What ``train`` needs for a shipped task: the model factory, the training data factory, the test set, and
+    the task's loss and metric (None: cross-entropy and accuracy; for ctr the log-loss of one logit and the
+    AUC)."""
+
+    model_fn: Callable[[], torch.nn.Module]
+    train_fn: Callable
+    test: Any
+    loss_fn: Callable | None = None
+    metric_fn: Callable | None = None
+
+
+def task_parts(cfg: RunConfig) -> TaskJob:
+    """The model factory, data, loss and metric of the shipped task ``cfg`` (validated) names."""
     from distbelief.data.tasks import TaskSpec, load_task, load_train
     from distbelief.models import build_model
 
-    spec = TaskSpec(cfg.task, cfg.num_samples, cfg.num_classes, cfg.seed,
-                    class_prior=cfg.class_prior).resolved()
+    spec = TaskSpec(cfg.task, cfg.num_samples, cfg.num_classes, cfg.seed, class_prior=cfg.class_prior,
+                    ctr_max_rows=cfg.ctr_max_rows if cfg.task == "ctr" else 0).resolved()
     task = load_task(spec)  # generates and caches once, here, before any worker starts
-    model_fn = partial(build_model, cfg.model, task.input_shape, task.num_classes, cfg.partitions)
-    return model_fn, partial(load_train, spec), task.test
+    model_fn = partial(build_model, cfg.model, task.input_shape, task.num_classes, cfg.partitions,
+                       cardinalities=task.cardinalities)
+    job = TaskJob(model_fn, partial(load_train, spec), task.test)
+    if cfg.task == "ctr":
+        from distbelief.metrics.ctr import AUCMetric, bce_loss
+
+        job.loss_fn, job.metric_fn = bce_loss, AUCMetric(task.planted_auc)
+    return job
+
+
+def task_job(cfg: RunConfig):
+    """Model factory and data for a shipped task (used by the CLI and benchmarks); ``task_parts`` adds the
+    task's loss and metric."""
+    job = task_parts(cfg)
+    return job.model_fn, job.train_fn, job.test
 
 
 def train_task(cfg: RunConfig, quiet: bool = False, runtime=None, resume: bool = False,
                callbacks: list | None = None, faults=None) -> TrainResult:
-    """Train a shipped task/model pair described entirely by ``cfg`` (``faults``: see ``train``)."""
+    """Train a shipped task/model pair described entirely by ``cfg`` (``faults``: see ``train``), with the task's
+    loss and metric (ctr: log-loss and AUC; the others: cross-entropy and accuracy)."""
     cfg = dataclasses.replace(cfg).validate()
-    model_fn, train_fn, test = task_job(cfg)
-    return train(model_fn, train_fn, test, cfg, quiet=quiet, runtime=runtime, resume=resume,
-                 callbacks=callbacks, faults=faults)
+    job = task_parts(cfg)
+    return train(job.model_fn, job.train_fn, job.test, cfg, loss_fn=job.loss_fn, metric_fn=job.metric_fn,
+                 quiet=quiet, runtime=runtime, resume=resume, callbacks=callbacks, faults=faults)

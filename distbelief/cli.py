@@ -14,7 +14,7 @@ from distbelief.config import (APPLIES_TO, DURABILITY_MODES, FIELD_HELP, LOCAL_S
 from distbelief.exceptions import ClusterUnreachableError, ConfigError, DistBeliefError
 
 CHOICES = {
-    "task": ("mnist1d", "speech", "shapes"),
+    "task": ("mnist1d", "speech", "shapes", "ctr"),
     "strategy": ("sgd", "sync", "downpour", "sandblaster", "hogwild", "ddp"),
     "optimizer": OPTIMIZERS,
     "runtime": ("ray", "inprocess"),
@@ -234,7 +234,13 @@ def main(argv: list[str] | None = None) -> int:
             # SIGTERM is handled like Ctrl-C: stop cleanly with a final checkpoint.
             signal.signal(signal.SIGTERM, _raise_interrupt)
             result = train_task(cfg, resume=bool(args.resume))
-            print(f"final test accuracy {result.summary['final_test_accuracy']:.4f}; run directory {result.run_dir}")
+            s = result.summary
+            if "final_test_auc" in s:  # task ctr: the metric is the AUC, next to the best reachable
+                planted = f" (planted {s['planted_auc']:.4f})" if "planted_auc" in s else ""
+                print(f"final test AUC {s['final_test_auc']:.4f}, best {s['best_test_auc']:.4f}{planted}; run "
+                      f"directory {result.run_dir}")
+            else:
+                print(f"final test accuracy {s['final_test_accuracy']:.4f}; run directory {result.run_dir}")
             if result.summary.get("stop_reason") == "interrupted":
                 if result.summary.get("strategy") not in LOCAL_STRATEGIES:  # those keep no checkpoints
                     print(f"interrupted; continue with: distbelief train --resume {result.run_dir}", file=sys.stderr)

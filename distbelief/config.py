@@ -53,9 +53,10 @@ class RunConfig:
     # what to train
     task: str = "mnist1d"
     model: str = "mlp"
-    num_samples: int = 40000
+    num_samples: int = 0  # 0: the task's default (distbelief/defaults.py)
     num_classes: int = 0
     class_prior: float = 0.0
+    ctr_max_rows: int = 200_000  # ctr: cap on each categorical field's rows (data/ctr.py CTR_MAX_ROWS)
     # how
     strategy: str = "downpour"
     replicas: int = 2
@@ -81,6 +82,7 @@ class RunConfig:
     max_steps: int = 0
     max_seconds: float = 60.0
     target_accuracy: float = 0.0
+    target_auc: float = 0.0  # ctr: the target_accuracy of a run whose metric is the AUC
     eval_every_seconds: float = 2.0
     evaluation: str = "auto"
     eval_samples: int = 0
@@ -125,7 +127,9 @@ class RunConfig:
           plain SGD otherwise (sgd, hogwild, ddp; sandblaster does not read it);
         - ``strategy = "sgd"`` is one process by definition: its ``replicas`` becomes 1 (the count is not used);
         - ``consistency = "sync"`` is the ``sync`` strategy: Downpour with it becomes ``strategy = "sync"``, and the
-          sync strategy records ``consistency = "sync"``.
+          sync strategy records ``consistency = "sync"``;
+        - ``target_auc`` (the ctr task, whose metric is the AUC) is that task's ``target_accuracy``: it is copied
+          there, where every strategy's stop rule reads it.
 
         Raises ConfigError for a setting these depend on that is not valid: an unknown choice (task, model,
         strategy, ...), an "auto" setting that is negative or not an integer, ``replicas`` < 1. Normalising a
@@ -137,6 +141,8 @@ class RunConfig:
             changes["strategy"] = "sync"
         if self.strategy == "sync" and self.consistency == "async":
             changes["consistency"] = "sync"
+        if self._check_target_auc():
+            changes["target_accuracy"] = self.target_auc
         if changes:
             cfg = dataclasses.replace(self, **changes)
         changes.update(cfg._resolved_defaults())
@@ -162,12 +168,29 @@ class RunConfig:
         choose("durability", self.durability, DURABILITY_MODES)
         choose("evaluation", self.evaluation, EVALUATION_MODES)
 
+    def _check_target_auc(self) -> bool:
+        """Whether ``target_auc`` is set (it is then a valid AUC, for the ctr task, not contradicting
+        ``target_accuracy``)."""
+        v = self.target_auc
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not (v == 0 or 0.5 < v <= 1):
+            raise ConfigError("target_auc", f"is an AUC in (0.5, 1] (0.5 is a random ranking), or 0 for none; "
+                                            f"got {v!r}")
+        if not v:
+            return False
+        if self.task != "ctr":
+            raise ConfigError("target_auc", f"the {self.task} task's metric is the accuracy: use target_accuracy "
+                                            f"(target_auc is for task ctr)")
+        if self.target_accuracy and self.target_accuracy != v:
+            raise ConfigError("target_auc", f"set either target_auc ({v}) or target_accuracy "
+                                            f"({self.target_accuracy}), not both: for task ctr both are the AUC")
+        return True
+
     def _resolved_defaults(self) -> dict[str, Any]:
         """The settings whose good value depends on the model and strategy and that are 0 ("auto"), with the value
         of ``distbelief.defaults``: ``{name: value}``. A value the user set is not in it."""
         import distbelief.defaults as defaults
 
-        for name in ("num_classes", "batch_size", "lbfgs_batch", "portion_size"):
+        for name in ("num_samples", "num_classes", "batch_size", "lbfgs_batch", "portion_size"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise ConfigError(name, f"must be an integer >= 0 (0 = the default for the model and strategy), "
@@ -180,12 +203,14 @@ class RunConfig:
         optimizer = self.optimizer
         if optimizer == "auto":
             optimizer = out["optimizer"] = "adagrad" if self.strategy in ("downpour", "sync") else "sgd"
+        if self.num_samples == 0:
+            out["num_samples"] = defaults.default_num_samples(self.task)
         if self.num_classes == 0:
             out["num_classes"] = defaults.default_num_classes(self.task, self.model)
         if self.lr == 0:
             out["lr"] = defaults.recommended_lr(self.model, self.strategy, optimizer)
         if self.batch_size == 0:
-            out["batch_size"] = defaults.MINIBATCH
+            out["batch_size"] = defaults.default_batch_size(self.model)
         lbfgs_batch = self.lbfgs_batch
         if lbfgs_batch == 0:
             lbfgs_batch = out["lbfgs_batch"] = defaults.SANDBLASTER_BATCH
@@ -249,6 +274,7 @@ class RunConfig:
                                              f"needs class_prior = 0")
         if self.task == "speech" and not 0 <= self.num_classes <= 8192:
             raise ConfigError("num_classes", f"speech supports up to 8192 classes, got {self.num_classes}")
+        self._check_ctr()
         self._check_sandblaster()
         self._check_optimizer()
         self._check_consistency()
@@ -280,6 +306,23 @@ class RunConfig:
             raise ConfigError("optimizer", f"{self.optimizer} is a parameter-server rule with no torch.optim "
                                            f"counterpart; the {self.strategy} strategy trains with torch.optim: "
                                            f"choose one of {with_torch}, or strategy downpour or sync")
+
+    def _check_ctr(self) -> None:
+        """The ctr task and its model go together; its field cap keeps every id exact in float32."""
+        from distbelief.data.ctr import MAX_EXACT_ID
+
+        v = self.ctr_max_rows
+        if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= MAX_EXACT_ID:
+            raise ConfigError("ctr_max_rows", f"must be an integer in [1, 2^24 = {MAX_EXACT_ID}] (the ids travel "
+                                              f"as exact integers in float32), got {v!r}")
+        if self.task == "ctr" and self.model != "dlrm-small":
+            raise ConfigError("model", f"task ctr (ids of 26 categorical fields) trains model dlrm-small, not "
+                                       f"{self.model!r}; use model = dlrm-small")
+        if self.model == "dlrm-small" and self.task != "ctr":
+            raise ConfigError("model", f"dlrm-small reads click logs (13 dense features and 26 ids): it trains on "
+                                       f"task ctr, not {self.task!r}; use task = ctr")
+        if self.task == "ctr" and self.num_classes not in (0, 2):
+            raise ConfigError("num_classes", "ctr has 2 classes (click or not; one logit); leave num_classes at 0")
 
     def _check_elastic(self) -> None:
         if not self.max_replicas:
@@ -355,15 +398,20 @@ class RunConfig:
 
 
 FIELD_HELP: dict[str, str] = {
-    "task": "dataset: mnist1d (MNIST-1D, generated offline), speech (paper-shaped synthetic frames) or shapes "
-            "(synthetic 32x32 images of 8 shapes, for locally connected models)",
+    "task": "dataset: mnist1d (MNIST-1D, generated offline), speech (paper-shaped synthetic frames), shapes "
+            "(synthetic 32x32 images of 8 shapes, for locally connected models) or ctr (Criteo-shaped synthetic "
+            "click logs labelled by a planted teacher; metric AUC; docs/ctr.md)",
     "model": "model name: mlp, mlp-small, cnn, speech-tiny, speech-small, speech-medium, speech-paper, "
-             "lc1d (locally connected, mnist1d), lc-image-small, lc-image-medium (locally connected, shapes)",
-    "num_samples": "examples generated for the task (train + test; 20%% test)",
+             "lc1d (locally connected, mnist1d), lc-image-small, lc-image-medium (locally connected, shapes), "
+             "dlrm-small (DLRM with one sparse embedding table per field; task ctr)",
+    "num_samples": "examples generated for the task (train + test; 20%% test) (0 = 40000; ctr 1000000)",
     "num_classes": "speech only: number of classes (0 = the model's: 8192 for speech-paper, the paper's "
                    "440-2560x4-8192; 256 for the other speech models)",
     "class_prior": "speech only: Zipf exponent s of the class frequencies, p(k) ~ 1/(k+1)^s (0 = balanced; "
                    "real acoustic states are highly skewed)",
+    "ctr_max_rows": "ctr only: cap on the rows of each of the 26 categorical fields (Criteo's cardinalities, up "
+                    "to 10M, capped; at most 2^24). The default gives 1.48M rows, 23.7M parameters in dlrm-small's "
+                    "tables",
     "strategy": "sgd (one process, plain torch loop), sync (synchronous data parallel), downpour (async), "
                 "sandblaster (batch L-BFGS driven by a coordinator, vectors on the shards), hogwild (lock-free "
                 "updates of shared-memory parameters by local processes), ddp (torch DistributedDataParallel, "
@@ -386,7 +434,8 @@ FIELD_HELP: dict[str, str] = {
     "local_lr": "alpha: the replica's local step between fetches (0 = none, as in the paper's experiments)",
     "adagrad_eps": "epsilon added to sqrt(sum g^2) (not in the paper)",
     "adagrad_initial_accumulator": "initial value of adagrad's sum of squared gradients",
-    "batch_size": "minibatch size per replica step (0 = 32; sandblaster's batch is lbfgs_batch)",
+    "batch_size": "minibatch size per replica step (0 = 32, 256 for dlrm-small; sandblaster's batch is "
+                  "lbfgs_batch)",
     "lbfgs_batch": "sandblaster: examples per L-BFGS iteration (the batch of its gradient; >= the training set = "
                    "full batch) (0 = 8000)",
     "warmstart_steps": "steps one replica trains alone before the others join",
@@ -406,6 +455,8 @@ FIELD_HELP: dict[str, str] = {
     "max_steps": "stop after this many steps per replica (sandblaster: L-BFGS iterations) (0 = no limit)",
     "max_seconds": "stop after this many seconds of training (0 = no limit)",
     "target_accuracy": "stop when test accuracy reaches this fraction (0 = never)",
+    "target_auc": "ctr: stop when the test AUC reaches this value, in (0.5, 1] (0 = never); compare with the "
+                  "run's planted_auc, the best reachable",
     "eval_every_seconds": "evaluate the server's parameters on the test set every T seconds",
     "evaluation": "how Downpour evaluates without slowing training: paused (the replicas hold at a step boundary "
                   "and the training clock stops while the driver evaluates the server's parameters), concurrent "

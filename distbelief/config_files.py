@@ -18,11 +18,11 @@ from distbelief.exceptions import ConfigError
 # The sections of a TOML config and the settings each holds. A file may also name any setting at its top level
 # (a run directory's config.toml does); in a section, a setting must be one of that section's.
 SECTIONS: dict[str, tuple[str, ...]] = {
-    "task": ("task", "model", "num_samples", "num_classes", "class_prior"),
+    "task": ("task", "model", "num_samples", "num_classes", "class_prior", "ctr_max_rows"),
     "run": ("strategy", "replicas", "max_replicas", "shards", "partitions", "batch_size", "optimizer", "lr",
             "adagrad_eps", "adagrad_initial_accumulator", "seed", "out", "tensorboard", "runtime", "threads",
             "init_params", "device"),
-    "stop": ("max_steps", "max_seconds", "target_accuracy"),
+    "stop": ("max_steps", "max_seconds", "target_accuracy", "target_auc"),
     "downpour": ("fetch_every", "push_every", "local_lr", "overlap", "staleness_aware", "warmstart_steps",
                  "max_replica_restarts", "consistency", "staleness_bound", "backup_replicas"),
     "sandblaster": ("lbfgs_batch", "portion_size", "history", "push_every_portions", "backup_tasks"),

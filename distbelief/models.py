@@ -105,6 +105,12 @@ class DLRM(nn.Module):
             prev = w
         self.top = nn.Sequential(*layers, nn.Linear(prev, 1))
 
+    def embedding_ids(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """The ids each table will look up for ``x``, one tensor per table in module order: a Downpour replica
+        fetches all of a step's rows in one call per shard before the forward (downpour/sparse.py)."""
+        ids = x[:, self.num_dense:].long()
+        return [ids[:, f] for f in range(ids.shape[1])]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         z = self.bottom(x[:, : self.num_dense])  # [B, dim]
         ids = x[:, self.num_dense:].long()  # [B, fields]

@@ -102,6 +102,12 @@ class RunSummary:
     rank_param_digests: list[str | None] | None = None
     ranks_in_sync: bool | None = None
 
+    # -- click-through rate (task ctr: the metric is the test AUC; final/best_test_accuracy hold it too) --
+    best_test_auc: float | None = None
+    final_test_auc: float | None = None
+    test_logloss: float | None = None  # mean log-loss of the final parameters on the test set
+    planted_auc: float | None = None  # the AUC of the teacher's true probabilities: the best reachable
+
     # -- Sandblaster L-BFGS --
     iterations: int | None = None
     iterations_redone: int | None = None

@@ -7,6 +7,9 @@
   ``class_prior`` > 0 skews the class frequencies (Zipf), as real acoustic states are skewed.
 - ``shapes``: synthetic 32x32 images of 8 shapes at random places (an offline image task for locally connected
   models, standing in for the paper's ImageNet).
+- ``ctr``: Criteo-shaped synthetic click logs (13 dense features, 26 categorical fields with the Criteo Kaggle
+  cardinalities capped at ``ctr_max_rows``) labelled by a planted teacher; ``Task.planted_auc`` is the best AUC
+  any model can reach (data/ctr.py).
 """
 
 from __future__ import annotations
@@ -14,14 +17,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch.utils.data import TensorDataset
 
-TASKS = ("mnist1d", "speech", "shapes")
+TASKS = ("mnist1d", "speech", "shapes", "ctr")
 
 
 @dataclass(frozen=True)
@@ -34,8 +37,15 @@ class TaskSpec:
     seed: int = 0
     test_fraction: float = 0.2
     class_prior: float = 0.0  # speech only: Zipf exponent of the class frequencies (0 = balanced)
+    ctr_max_rows: int = 0  # ctr only: cap on every categorical field's rows (0 = CTR_MAX_ROWS)
 
     def resolved(self) -> "TaskSpec":
+        if self.name == "ctr":
+            from distbelief.data.ctr import CTR_MAX_ROWS
+
+            return replace(self, num_classes=2, class_prior=0.0, ctr_max_rows=self.ctr_max_rows or CTR_MAX_ROWS)
+        if self.ctr_max_rows:  # not read by the other tasks: keep their cache keys
+            return replace(self, ctr_max_rows=0).resolved()
         if self.name == "speech" and self.num_classes == 0:
             # RunConfig.validate() has already chosen the model's count (8192 for speech-paper); a bare spec
             # gets the small models' default.
@@ -57,6 +67,10 @@ class Task:
     test: TensorDataset
     input_shape: tuple[int, ...]
     num_classes: int
+    # ctr only: the row count of every categorical field (what dlrm-small's tables need), and the AUC of the
+    # teacher's true click probabilities on the test set (the best any model can reach)
+    cardinalities: tuple[int, ...] | None = None
+    planted_auc: float | None = None
 
 
 def cache_dir() -> Path:
@@ -67,17 +81,27 @@ def cache_dir() -> Path:
 
 def _key(spec: TaskSpec) -> str:
     fields = asdict(spec)
-    if not fields["class_prior"]:  # balanced classes: the key (and cache entry) of specs made before the field
-        del fields["class_prior"]
+    for name in ("class_prior", "ctr_max_rows"):  # unset: the key (and cache entry) of specs made before the field
+        if not fields[name]:
+            del fields[name]
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _cached(spec: TaskSpec, make) -> dict[str, np.ndarray]:
+def _cached(spec: TaskSpec, make, with_meta: bool = False) -> dict:
+    """The task's arrays from the cache, made by ``make(spec)`` first if needed. ``with_meta``: ``make`` also
+    returns a JSON-able ``"meta"`` dict (kept as ``meta.json`` next to the arrays, and returned under "meta")."""
     path = cache_dir() / f"{spec.name}-{_key(spec)}"
     names = ("x", "y", "x_test", "y_test")
-    if all((path / f"{n}.npy").exists() for n in names):
+
+    def load() -> dict:
+        out = {n: np.load(path / f"{n}.npy", mmap_mode="r", allow_pickle=False) for n in names}
+        if with_meta:
+            out["meta"] = json.loads((path / "meta.json").read_text())
+        return out
+
+    if all((path / f"{n}.npy").exists() for n in names) and (not with_meta or (path / "meta.json").exists()):
         try:
-            return {n: np.load(path / f"{n}.npy", mmap_mode="r", allow_pickle=False) for n in names}
+            return load()
         except (ValueError, OSError):
             pass  # a torn cache entry: rebuild it below
     arrays = make(spec)
@@ -85,13 +109,15 @@ def _cached(spec: TaskSpec, make) -> dict[str, np.ndarray]:
     tmp.mkdir(parents=True, exist_ok=True)
     for n in names:
         np.save(tmp / f"{n}.npy", np.ascontiguousarray(arrays[n]), allow_pickle=False)
+    if with_meta:
+        (tmp / "meta.json").write_text(json.dumps(arrays["meta"], indent=2) + "\n")
     try:
         os.rename(tmp, path)  # atomic publish; a concurrent builder may have won the race
     except OSError:
         for f in tmp.iterdir():
             f.unlink()
         tmp.rmdir()
-    return {n: np.load(path / f"{n}.npy", mmap_mode="r", allow_pickle=False) for n in names}
+    return load()
 
 
 def _make_mnist1d(spec: TaskSpec) -> dict[str, np.ndarray]:
@@ -192,7 +218,13 @@ def _make_shapes(spec: TaskSpec) -> dict[str, np.ndarray]:
     return {"x": x[:split], "y": y[:split], "x_test": x[split:], "y_test": y[split:]}
 
 
-_MAKERS = {"mnist1d": _make_mnist1d, "speech": _make_speech, "shapes": _make_shapes}
+def _make_ctr(spec: TaskSpec) -> dict:
+    from distbelief.data.ctr import make_ctr
+
+    return make_ctr(spec.num_samples, spec.ctr_max_rows, spec.seed, spec.test_fraction)
+
+
+_MAKERS = {"mnist1d": _make_mnist1d, "speech": _make_speech, "shapes": _make_shapes, "ctr": _make_ctr}
 
 
 def load_task(spec: TaskSpec) -> Task:
@@ -200,11 +232,15 @@ def load_task(spec: TaskSpec) -> Task:
     spec = spec.resolved()
     if spec.name not in _MAKERS:
         raise ValueError(f"unknown task {spec.name!r}; choose one of {', '.join(TASKS)}")
-    a = _cached(spec, _MAKERS[spec.name])
+    ctr = spec.name == "ctr"
+    a = _cached(spec, _MAKERS[spec.name], with_meta=ctr)
     # torch.from_numpy on a read-only mmap would warn; the copy is cheap next to training.
     train = TensorDataset(torch.from_numpy(np.array(a["x"])), torch.from_numpy(np.array(a["y"])))
     test = TensorDataset(torch.from_numpy(np.array(a["x_test"])), torch.from_numpy(np.array(a["y_test"])))
-    return Task(spec, train, test, tuple(train.tensors[0].shape[1:]), spec.num_classes)
+    meta = a.get("meta", {})
+    cardinalities = tuple(meta["cardinalities"]) if ctr else None
+    return Task(spec, train, test, tuple(train.tensors[0].shape[1:]), spec.num_classes, cardinalities,
+                meta.get("planted_auc"))
 
 
 def load_train(spec: TaskSpec) -> TensorDataset:

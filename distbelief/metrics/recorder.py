@@ -49,8 +49,10 @@ class RunRecorder:
 
     def __init__(self, out_dir: str | Path | None, config: dict[str, Any], quiet: bool = False,
                  write_config: bool = True, loss_ceiling: float = DIVERGENCE_CEILING, callbacks=(),
-                 metrics_port: int = 0):
+                 metrics_port: int = 0, metric_name: str = "accuracy"):
         self.out_dir = Path(out_dir) if out_dir else None
+        # what the progress calls the run's metric (recorded as test_accuracy whatever it is: e.g. "AUC")
+        self.metric_label = "acc" if metric_name == "accuracy" else metric_name
         self.callbacks = list(callbacks)  # the user's f(Evaluation), after each record
         # Prometheus gauges on metrics_port (0: none); a port in use is a ConfigError here, before any worker
         self.exporter = PrometheusExporter(metrics_port) if metrics_port else None
@@ -141,7 +143,7 @@ class RunRecorder:
             self._bar = self._progress_bar()
         if self._bar is not None:
             post = {"updates": rec.get("updates", 0), "ex/s": f"{rec.get('examples_per_s', 0):,.0f}",
-                    "acc": "-" if acc is None else f"{acc:.4f}"}
+                    self.metric_label: "-" if acc is None else f"{acc:.4f}"}
             if rec.get("staleness_mean") is not None:
                 post["staleness"] = f"{rec['staleness_mean']:.2f}"
             if self._bar.total:
@@ -154,7 +156,7 @@ class RunRecorder:
             f"[{rec['wall_s']:7.1f}s] updates {rec.get('updates', 0):>8}  examples {rec.get('examples', 0):>9}"
             f"  ({rec.get('examples_per_s', 0):,.0f}/s)"
             f"  train loss {'-' if loss is None else f'{loss:.4f}'}"
-            f"  test acc {'-' if acc is None else f'{acc:.4f}'}"
+            f"  test {self.metric_label} {'-' if acc is None else f'{acc:.4f}'}"
         )
         if rec.get("staleness_mean") is not None:
             line += f"  staleness {rec['staleness_mean']:.2f}"
