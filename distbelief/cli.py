@@ -99,8 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "but ddp)")
     p.add_argument("--steps", type=int, default=None, help="fig3: timed steps per point")
     p.add_argument("--models", nargs="+", default=None,
-                   help="throughput: paper (42M-parameter speech model) and/or fig4 (speech-tiny, 8192 Zipf "
-                        "classes) (default: both; --quick runs one tiny model instead)")
+                   help="throughput: paper (42M-parameter speech model), fig4 (speech-tiny, 8192 Zipf classes) "
+                        "and/or ctr (dlrm-small on the ctr task: sgd-1, sgd-2 with Adagrad and sparse gradients, "
+                        "downpour) (default: paper and fig4; --quick runs one tiny model instead)")
     p.add_argument("--address", default=None,
                    help="throughput, fig4: run the Ray strategies (downpour, sync, sandblaster) on the Ray cluster at "
                         "this address (token authentication as for train); the local baselines run on this "
