@@ -144,6 +144,31 @@ def run_config(settings: dict[str, Any], run_dir: Path) -> RunConfig:
     return dataclasses.replace(RunConfig(), **settings, out=str(run_dir)).validate()
 
 
+def best_until(trace: list, examples: int) -> float | None:
+    """The best metric of the evaluations made within ``examples`` training examples."""
+    seen = [m for n, m in trace if n <= examples and m is not None]
+    return max(seen) if seen else None
+
+
+def metric_at_same_examples(base_runs: list[dict], runs: list[dict]) -> dict:
+    """Repeat by repeat, Downpour's best test metric within the examples the baseline processed, minus the
+    baseline's best; and each run's best against the planted optimum (runs with a metric trace: the ctr task)."""
+    gaps, to_optimum = [], []
+    for b, r in zip(base_runs, runs):
+        if not b.get("trace") or not r.get("trace"):
+            continue
+        n = max(n for n, _ in b["trace"])
+        ours, theirs = best_until(r["trace"], n), best_until(b["trace"], n)
+        if ours is not None and theirs is not None:
+            gaps.append(ours - theirs)
+        if r.get("planted_auc") is not None and r.get("best_test_auc") is not None:
+            to_optimum.append(r["planted_auc"] - r["best_test_auc"])
+    if not gaps:
+        return {}
+    return {"downpour_minus_sgd1_best_metric_same_examples": gaps,
+            "downpour_planted_minus_best_auc": to_optimum}
+
+
 def median_or_none(values: list[float | None]) -> float | None:
     ok = [v for v in values if v is not None]
     return statistics.median(ok) if ok else None
@@ -208,10 +233,13 @@ def measure_once(cfg: RunConfig) -> dict:
 
     t0 = time.monotonic()
     try:
-        s = train_task(cfg, quiet=True).summary
+        res = train_task(cfg, quiet=True)
+        s = res.summary
         run = {"examples_per_s": s["examples_per_s"], "wall_s": s.get("wall_s"),
                "stop_reason": s.get("stop_reason"), "error": None}
         run.update(table_traffic(s))
+        if "planted_auc" in s:  # the metric along the run: (examples, test AUC) of every evaluation
+            run["trace"] = [[r["examples"], r["test_accuracy"]] for r in res.metrics if "examples" in r]
     except KeyboardInterrupt:
         raise
     except Exception as e:  # noqa: BLE001 - one failed run must not cost the other runs' measurements
@@ -272,6 +300,8 @@ class Sweep:
             ratios = ratios_to_baselines(medians)
             models[model] = {"label": MODEL_LABELS[model], "methods": methods, "ratios": ratios,
                              "targets": evaluate_targets(model, ratios)}
+            if "sgd-1" in methods and "downpour" in methods:
+                models[model].update(metric_at_same_examples(methods["sgd-1"]["runs"], methods["downpour"]["runs"]))
         return {
             "benchmark": "throughput", "quick": self.plan.quick, "date": self.machine["date"],
             "machine": self.machine, "targets_measured_on_cores": 2,
