@@ -355,17 +355,18 @@ def markdown_table(res: dict) -> str:
             lines.append(f"| {name} | {method} | {_fmt(med)} | {runs} | {_fmt(ratio, '.2f')} |")
         gaps = model.get("downpour_minus_sgd1_best_metric_same_examples")
         if gaps:
+            listed = ", ".join(format(g, "+.4f") for g in gaps)
             targets.append(f"- {name}: Downpour's best test AUC within the examples sgd-1 processed, minus "
-                           f"sgd-1's: {', '.join(f'{g:+.4f}' for g in gaps)} (target: within 0.003)")
-            optimum = model.get("downpour_planted_minus_best_auc") or []
-            targets.append(f"- {name}: planted AUC minus Downpour's best: {', '.join(f'{g:.4f}' for g in optimum)} "
-                           f"(target: within 0.01)")
+                           f"sgd-1's: {listed} (target: within 0.003)")
+            optimum = ", ".join(format(g, ".4f") for g in model.get("downpour_planted_minus_best_auc") or [])
+            targets.append(f"- {name}: planted AUC minus Downpour's best: {optimum} (target: within 0.01)")
         traffic = [r for r in model["methods"].get("downpour", {}).get("runs", []) if "push_bytes_over_least" in r]
         if traffic:
+            pushed = ", ".join(format(r["push_bytes_over_least"], ".3f") for r in traffic)
+            fetched = ", ".join(format(r["fetch_bytes_over_least"], ".3f") for r in traffic)
             targets.append(f"- {name}: Downpour bytes per step over the least a sparse step moves (unique rows x "
-                           f"(dim x 4 + 8) + the dense part, each way): pushed "
-                           f"{', '.join(f'{r['push_bytes_over_least']:.3f}' for r in traffic)}, fetched "
-                           f"{', '.join(f'{r['fetch_bytes_over_least']:.3f}' for r in traffic)} (target: <= 1.2)")
+                           f"(dim x 4 + 8) + the dense part, each way): pushed {pushed}, fetched {fetched} "
+                           f"(target: <= 1.2)")
         for t in model["targets"]:
             state = {True: "met", False: "NOT met", None: "not measured"}[t["met"]]
             targets.append(f"- {name}: {t['name']} = {_fmt(t['ratio'], '.2f')} (target >= {t['threshold']}): "
