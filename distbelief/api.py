@@ -154,7 +154,8 @@ def check_model_and_data(model_fn, train_ds, loss_fn, metric_fn=None, cfg: RunCo
 def check_tables(model: torch.nn.Module, cfg: RunConfig, resume: bool) -> None:
     """Refuse, before any worker starts, what a model with embedding tables cannot do yet (the tables are held
     row-sharded on the shards by downpour; see ps/slicer.py). The single-process and local baselines train the
-    user's module as it is."""
+    user's module as it is. Every durability mode covers the rows, and a run with tables resumes (``resume``),
+    with the same or another number of shards."""
     from distbelief.ps.slicer import find_tables
 
     if cfg.strategy in ("sgd", *LOCAL_STRATEGIES):

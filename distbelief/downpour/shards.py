@@ -68,13 +68,14 @@ class ServerShards:
         self.roles: list[Role] = []
         for k in range(cfg.shards):
             lo, hi = self.layout.range(k)
-            if self.tabled:
+            if server_state is not None:  # a resumed run: its dense range, and its rows by their keys
+                values, opt_state, counters = server_state.slice_for(lo, hi)
+                tables = (self.layout, *server_state.rows_for(k, cfg.shards)) if self.tabled else None
+                factory = partial(ParameterShard, k, lo, hi, values.numpy(), optimizer, self.layout.total,
+                                  durability, {n: v.numpy() for n, v in opt_state.items()}, counters, tables=tables)
+            elif self.tabled:
                 factory = partial(ParameterShard, k, lo, hi, self.dense_init[lo:hi].numpy(), optimizer,
                                   self.layout.total, durability, tables=self._tables_arg(k))
-            elif server_state is not None:
-                values, opt_state, counters = server_state.slice_for(lo, hi)
-                factory = partial(ParameterShard, k, lo, hi, values.numpy(), optimizer, self.total, durability,
-                                  {n: v.numpy() for n, v in opt_state.items()}, counters)
             else:
                 factory = partial(ParameterShard, k, lo, hi, init[lo:hi].numpy(), optimizer, self.total,
                                   durability)
@@ -115,6 +116,8 @@ class ServerShards:
 
     def _blank(self, k: int) -> Callable:
         lo, hi = self.layout.range(k)
+        if self.tabled:  # the dense range of the dense part, and the keys of the rows
+            return partial(ParameterShard.blank, k, lo, hi, self.optimizer, self.layout.total, self.layout)
         return partial(ParameterShard.blank, k, lo, hi, self.optimizer, self.total)
 
     def _attach_backups(self, ids, placed: dict[int, Role] | None = None) -> None:

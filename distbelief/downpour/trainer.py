@@ -73,11 +73,15 @@ class ParameterServerTrainer:
         self.prev: dict = {}  # the trainer state of the run we resume, if any
         self._retired = None
         server_state = None
+        slicer = Slicer.for_model(self.eval_model, cfg.shards)  # embedding tables row-sharded, if the model has any
+        tabled = slicer if slicer.has_tables else None
         if resume:
             if self.durability is None:
                 raise ConfigError("resume", f"the run keeps no checkpoints with --durability {cfg.durability}; "
                                             f"resume needs --durability snapshot or log")
-            server_state = load_server_state(self.durability.root, self.total, self.optimizer)
+            # a model with tables: its dense part by ranges, its rows by their keys (moved to the new shards)
+            server_state = load_server_state(self.durability.root, slicer.total if tabled else self.total,
+                                             self.optimizer, slicer=tabled)
             for msg in server_state.corrupt_checkpoints:
                 self.rec.log(f"resume: skipped a damaged checkpoint, using the previous good one: {msg}")
             self.prev = read_trainer_state(cfg.out)
@@ -90,10 +94,8 @@ class ParameterServerTrainer:
         self.events: list[dict] = []  # failures and recoveries, with training-clock times
         self.clock: Clock | None = None
         p = self.prev
-        slicer = Slicer.for_model(self.eval_model, cfg.shards)  # embedding tables row-sharded, if the model has any
         self.server = ServerShards(cfg, runtime, self.rec.log, self.optimizer, init, self.durability, server_state,
-                                   hand_over=self._hand_over, on_event=self._event, prev=p,
-                                   slicer=slicer if slicer.has_tables else None)
+                                   hand_over=self._hand_over, on_event=self._event, prev=p, slicer=tabled)
         self.layout, self.client = self.server.layout, self.server.client
         self._warmstart_done = False
         self.settings = ReplicaSettings(

@@ -6,7 +6,7 @@ into place, so a reader sees either the old or the new file, never a torn one; a
 by its checksum and skipped in favour of the previous good one.
 
 The write-ahead log records every push a shard applies after its last checkpoint (the gradient slice and where it
-went). A shard restarted after its process died loads the latest good checkpoint and replays the log, so the
+went; for a shard with embedding tables also the push's rows and its rate scale). A shard restarted after its process died loads the latest good checkpoint and replays the log, so the
 updates it had acknowledged are not lost. Nothing here uses pickle.
 """
 
@@ -17,6 +17,7 @@ import struct
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -98,13 +99,59 @@ def latest_good_checkpoint(root: str | Path, shard_id: int) -> LoadedCheckpoint 
 
 
 # ---------------------------------------------------------------------------------------------- write-ahead log
-# magic, version_after, start, stop, num_examples, session, seq, crc32 of data
+# A dense record: magic, version_after, start, stop, num_examples, session, seq, crc32 of data; then the gradient.
 _HEADER = struct.Struct("<IQQQQQQI")
 _MAGIC = 0xD15B_E11F
+# A record of a shard with embedding tables: the same fields, then the rate scale the push was applied with and
+# the bytes of its rows; the crc32 covers the gradient and the rows. Its rows follow the gradient, per row group
+# that has any: _ROWS (group, dim, n), then n int64 local row ids, then n * dim float32 values.
+_HEADER_ROWS = struct.Struct("<IQQQQQQdQI")
+_MAGIC_ROWS = 0xD15B_E120
+_ROWS = struct.Struct("<IIQ")
+
+
+class LogRecord(NamedTuple):
+    """One applied push, as the log holds it. ``rows``: None for a dense record, else ``(group, local_ids,
+    values)`` for each row group it carried rows of."""
+
+    version_after: int
+    start: int
+    stop: int
+    num_examples: int
+    session: int
+    seq: int
+    grad: np.ndarray
+    rows: list | None = None
+    scale: float = 1.0
+
+
+def _encode_rows(rows: list) -> bytes:
+    parts = []
+    for g, entry in enumerate(rows):
+        if entry is None or not len(entry[0]):  # (no rows: nothing of the group changed)
+            continue
+        ids = np.ascontiguousarray(entry[0], dtype=np.int64).reshape(-1)
+        values = np.ascontiguousarray(entry[1], dtype=np.float32)
+        parts += [_ROWS.pack(g, values.size // ids.size, ids.size), ids.tobytes(), values.tobytes()]
+    return b"".join(parts)
+
+
+def _decode_rows(blob: bytes) -> list:
+    rows, pos = [], 0
+    while pos < len(blob):
+        g, dim, n = _ROWS.unpack_from(blob, pos)
+        pos += _ROWS.size
+        ids = np.frombuffer(blob, dtype=np.int64, count=n, offset=pos).copy()
+        pos += 8 * n
+        values = np.frombuffer(blob, dtype=np.float32, count=n * dim, offset=pos).reshape(n, dim).copy()
+        pos += 4 * n * dim
+        rows.append((g, ids, values))
+    return rows
 
 
 class WriteAheadLog:
-    """Append-only log of applied pushes: ``(version_after, [start, stop) within the shard, gradient)``.
+    """Append-only log of applied pushes: ``(version_after, [start, stop) within the shard, gradient)``, and for a
+    shard with embedding tables the push's rows (local ids and values per row group) and its rate scale.
 
     Records are written with a plain ``write`` (no fsync): they survive the death of the shard's process, which
     is the failure this log is for; a torn last record (the process died mid-write) fails its CRC and is ignored.
@@ -127,12 +174,22 @@ class WriteAheadLog:
         self.bytes_since_start = 0
 
     def append(self, version_after: int, start: int, stop: int, num_examples: int, grad: np.ndarray,
-               session: int = 0, seq: int = 0) -> None:
+               session: int = 0, seq: int = 0, rows: list | None = None, scale: float = 1.0) -> None:
+        """Log one applied push. ``rows`` (a shard with tables; ``[]`` when the push carried none): per row group
+        None or ``(local_ids, values)``, as ``ParameterShard.push`` takes them; None writes a dense record."""
         data = np.ascontiguousarray(grad, dtype=np.float32).reshape(-1).view(np.uint8)  # written in place
-        header = _HEADER.pack(_MAGIC, version_after, start, stop, num_examples, session, seq, zlib.crc32(data))
-        self._f.write(header)
-        self._f.write(data)
-        self.bytes_since_start += _HEADER.size + data.size
+        if rows is None:
+            header = _HEADER.pack(_MAGIC, version_after, start, stop, num_examples, session, seq, zlib.crc32(data))
+            self._f.write(header)
+            self._f.write(data)
+            self.bytes_since_start += _HEADER.size + data.size
+            return
+        blob = _encode_rows(rows)
+        crc = zlib.crc32(blob, zlib.crc32(data))
+        # one write: a record is either whole in the file or a torn tail
+        self._f.write(_HEADER_ROWS.pack(_MAGIC_ROWS, version_after, start, stop, num_examples, session, seq,
+                                        float(scale), len(blob), crc) + data.tobytes() + blob)
+        self.bytes_since_start += _HEADER_ROWS.size + data.size + len(blob)
 
     def drop_before(self, base_version: int) -> None:
         """Delete logs made obsolete by a checkpoint at ``base_version``."""
@@ -146,17 +203,31 @@ class WriteAheadLog:
             self._f = None
 
     def replay(self, after_version: int):
-        """Yield ``(version_after, start, stop, num_examples, session, seq, grad)`` for records newer than
-        ``after_version``."""
+        """Yield a ``LogRecord`` for each record newer than ``after_version``, in order (dense records of logs
+        written before rows were logged read as they always did)."""
         for p in sorted(self.dir.glob("wal-*.log")):
             blob = p.read_bytes()
             pos = 0
-            while pos + _HEADER.size <= len(blob):
-                magic, version_after, start, stop, n_ex, session, seq, crc = _HEADER.unpack_from(blob, pos)
-                size = (stop - start) * 4
-                data = blob[pos + _HEADER.size : pos + _HEADER.size + size]
-                if magic != _MAGIC or len(data) != size or zlib.crc32(data) != crc:
+            while pos + 4 <= len(blob):
+                (magic,) = struct.unpack_from("<I", blob, pos)
+                if magic == _MAGIC and pos + _HEADER.size <= len(blob):
+                    _, version_after, start, stop, n_ex, session, seq, crc = _HEADER.unpack_from(blob, pos)
+                    scale, rows_size, head = 1.0, -1, _HEADER.size
+                elif magic == _MAGIC_ROWS and pos + _HEADER_ROWS.size <= len(blob):
+                    (_, version_after, start, stop, n_ex, session, seq, scale, rows_size,
+                     crc) = _HEADER_ROWS.unpack_from(blob, pos)
+                    head = _HEADER_ROWS.size
+                else:
                     break  # a torn tail: the process died while writing this record
-                pos += _HEADER.size + size
+                size = (stop - start) * 4
+                end = pos + head + size + max(rows_size, 0)
+                data = blob[pos + head: pos + head + size]
+                rows_blob = blob[pos + head + size: end]
+                if (len(data) != size or len(rows_blob) != max(rows_size, 0)
+                        or zlib.crc32(rows_blob, zlib.crc32(data)) != crc):
+                    break  # a torn tail
+                pos = end
                 if version_after > after_version:
-                    yield version_after, start, stop, n_ex, session, seq, np.frombuffer(data, dtype=np.float32)
+                    yield LogRecord(version_after, start, stop, n_ex, session, seq,
+                                    np.frombuffer(data, dtype=np.float32),
+                                    None if rows_size < 0 else _decode_rows(rows_blob), scale)

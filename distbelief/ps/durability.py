@@ -19,12 +19,33 @@ from distbelief.ps.arrays import PARAMS
 from distbelief.ps.rules import persistent
 
 
-def checkpointed_rows(tensors: dict, num_tables: int) -> tuple[list, list]:
-    """``(rows, state)`` of each row group of embedding tables in a checkpoint's tensors (ps/tables.py names them
-    ``table.<g>.weight`` and ``table.<g>.opt.<name>``)."""
-    rows = [tensors[f"table.{t}.weight"].numpy() for t in range(num_tables)]
-    state = [{k[len(f"table.{t}.opt."):]: v.numpy() for k, v in tensors.items() if k.startswith(f"table.{t}.opt.")}
-             for t in range(num_tables)]
+def checkpointed_rows(tensors: dict, meta: dict, slicer, shard_id: int) -> tuple[list, list]:
+    """``(rows, state)`` of each row group of embedding tables in shard ``shard_id``'s checkpoint (ps/tables.py
+    names them ``table.<g>.weight`` and ``table.<g>.opt.<name>``).
+
+    Raises ValueError when they are not this model's tables over ``slicer``'s shards (a checkpoint of a model
+    with other tables, or of another number of shards)."""
+    where = f"shard {shard_id}: its checkpoint"
+    if "table_layout" in meta and meta["table_layout"] != slicer.layout_id():
+        raise ValueError(f"{where} holds embedding tables of other shapes than this model's "
+                         f"({', '.join(f'{t.num_rows}x{t.dim}' for t in slicer.tables)} rows x dim); resume with "
+                         f"the same model")
+    rows, state = [], []
+    for g, group in enumerate(slicer.groups):
+        want = (group.local_rows(shard_id, slicer.num_shards), group.dim)
+        w = tensors.get(f"table.{g}.weight")
+        if w is None or tuple(w.shape) != want:
+            has = "no rows" if w is None else f"{w.shape[0]} rows of width {w.shape[1]}"
+            raise ValueError(f"{where} holds {has} for row group {g}, this model's tables over "
+                             f"{slicer.num_shards} shards need {want[0]} rows of width {want[1]} there (a model "
+                             f"with other tables?); resume with the same model")
+        rows.append(w.numpy())
+        prefix = f"table.{g}.opt."
+        state.append({k[len(prefix):]: v.numpy() for k, v in tensors.items() if k.startswith(prefix)})
+    extra = sum(1 for k in tensors if k.startswith("table.") and k.endswith(".weight")) - len(slicer.groups)
+    if extra > 0:
+        raise ValueError(f"{where} holds {len(slicer.groups) + extra} row groups of embedding tables, this model "
+                         f"has {len(slicer.groups)}; resume with the same model")
     return rows, state
 
 
@@ -89,6 +110,8 @@ class DurableShard:
         in those (reused) buffers, so the live state may change while they are written."""
         meta = {"shard_id": self.shard_id, "lo": self.lo, "hi": self.hi, "total": self.total}
         meta.update({k: getattr(self, k) for k in self.COUNTERS})
+        if self.tables:
+            meta["table_layout"] = self.slicer.layout_id()
         tensors = {PARAMS: self.vectors[PARAMS], **self._table_arrays()}
         tensors.update({f"opt.{k}": v for k, v in persistent(self.optimizer, self.opt_state).items()})
         if copy_into is not None:
@@ -151,12 +174,15 @@ class DurableShard:
         self.snapshot_s += time.perf_counter() - t0
 
     def _after_update(self, start: int, stop: int, num_examples: int, g: torch.Tensor, session: int = 0,
-                      seq: int = 0) -> None:
+                      seq: int = 0, rows: list | None = None, scale: float = 1.0) -> None:
         d = self.durability
         if d is None:
             return
         if self._wal is not None:
-            self._wal.append(self.version, start, stop, num_examples, g.numpy(), session, seq)
+            # A shard with tables logs its rows and the rate scale with the dense part (a record of its own
+            # format); a dense shard's records stay as they always were.
+            self._wal.append(self.version, start, stop, num_examples, g.numpy(), session, seq,
+                             rows=(rows or []) if self.tables else None, scale=scale)
         if not self._snapshot_due(d.every_updates, d.every_seconds):
             return
         if not d.background:
@@ -198,6 +224,24 @@ class DurableShard:
         self._writer.wait()
         return self.checkpoints_written
 
+    def _replay(self, rec) -> None:
+        """Apply one write-ahead log record (``checkpoint.LogRecord``) as its push was applied."""
+        a, b = rec.start, rec.stop
+        w = self.vectors[PARAMS]
+        self.optimizer.apply(w[a:b], torch.from_numpy(rec.grad.copy()),
+                             {k: v[a:b] for k, v in self.opt_state.items()}, rec.scale)
+        for g, ids, values in rec.rows or ():
+            if g >= len(self.tables) or values.shape[1] != self.tables[g].dim:
+                raise ValueError(f"shard {self.shard_id}: its write-ahead log has rows of width {values.shape[1]} "
+                                 f"for row group {g}, which this model's tables do not have")
+            self.tables[g].check(ids, values)
+            self.tables[g].apply(self.optimizer, ids, values, rec.scale)
+        self.version += 1
+        self.examples += rec.num_examples
+        self.replayed_updates += 1
+        if rec.session:
+            self.last_seq[rec.session] = max(rec.seq, self.last_seq.get(rec.session, 0))
+
     @classmethod
     def restore(cls, shard_id: int, lo: int, hi: int, optimizer, total: int, durability: Durability,
                 fallback_values=None, write_base: bool = True, tables: tuple | None = None) -> Self:
@@ -217,7 +261,7 @@ class DurableShard:
                                  f"but this shard owns [{lo}, {hi})")
             state = {k[4:]: v.numpy() for k, v in ck.tensors.items() if k.startswith("opt.")}
             if tables is not None and tables[0] is not None:
-                tables = (tables[0], *checkpointed_rows(ck.tensors, len(tables[0].groups)))
+                tables = (tables[0], *checkpointed_rows(ck.tensors, ck.meta, tables[0], shard_id))
             shard = cls(shard_id, lo, hi, ck.tensors[PARAMS].numpy(), optimizer, total, None, state, ck.meta,
                         tables=tables)
             shard.corrupt_checkpoints = ck.skipped
@@ -228,18 +272,10 @@ class DurableShard:
                 raise FileNotFoundError(f"shard {shard_id}: no usable checkpoint under {durability.root}")
             shard = cls(shard_id, lo, hi, fallback_values, optimizer, total, tables=tables)
         shard.restored_from_version = shard.version
-        for version_after, a, b, n_ex, session, seq, g in WriteAheadLog(durability.root, shard_id).replay(
-                shard.version):
-            if version_after != shard.version + 1:
+        for rec in WriteAheadLog(durability.root, shard_id).replay(shard.version):
+            if rec.version_after != shard.version + 1:
                 break  # a gap: later records cannot be applied in order
-            gt = torch.from_numpy(g.copy())
-            w = shard.vectors[PARAMS]
-            shard.optimizer.apply(w[a:b], gt, {k: v[a:b] for k, v in shard.opt_state.items()})
-            shard.version += 1
-            shard.examples += n_ex
-            shard.replayed_updates += 1
-            if session:
-                shard.last_seq[session] = max(seq, shard.last_seq.get(session, 0))
+            shard._replay(rec)
         if not write_base:  # read-only restore (resume assembles state from several shards)
             return shard
         shard.durability = durability

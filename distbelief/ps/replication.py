@@ -7,12 +7,13 @@ if the backup already has it: nothing is lost and nothing is applied twice, with
 
 The primary forwards each applied update to its backup over a *link*, which the runtime provides (a lock-guarded
 call in one process, a Ray actor call across processes): ``link.call(method, *args)`` runs ``method`` on the backup
-shard and returns its answer; ``link.push(grad, offset, based_on_version, num_examples, session, seq, mapped)``
-sends a push there and returns an acknowledgement to check later with ``link.version_of(ack, wait)`` (the backup's
-version after it, or None while it is on its way) — ``mapped`` names the file the whole gradient lives in when the
-replica handed it over in shared memory, so that a backup on the same machine reads it there instead of receiving
-a copy; ``link.handoff(ack)`` is what the replica that pushed must wait for (None when the link applied the push
-before returning). All raise RoleFailedError or RemoteTimeoutError when the backup is gone. A backup that
+shard and returns its answer; ``link.push(grad, offset, based_on_version, num_examples, session, seq, mapped,
+rows)`` sends a push there and returns an acknowledgement to check later with ``link.version_of(ack, wait)`` (the
+backup's version after it, or None while it is on its way) — ``mapped`` names the file the whole gradient lives in
+when the replica handed it over in shared memory, so that a backup on the same machine reads it there instead of
+receiving a copy, and ``rows`` are the push's embedding-table rows (None for a model without tables), which the
+backup, holding the same keys, applies as they are; ``link.handoff(ack)`` is what the replica that pushed must
+wait for (None when the link applied the push before returning). All raise RoleFailedError or RemoteTimeoutError when the backup is gone. A backup that
 fails is dropped at once (the primary goes on alone, and its ``stats()`` say ``has_backup: False``) and the
 driver gives the primary a new one (``attach_backup``): the new backup receives the primary's whole state in the
 same call, so no update falls between the copy and the first forwarded push.
@@ -43,9 +44,11 @@ class ReplicatedShard:
     backups_attached = 0
 
     @classmethod
-    def blank(cls, shard_id: int, lo: int, hi: int, optimizer, total: int) -> Self:
-        """An empty shard for range ``[lo, hi)``, to become a backup: its state arrives with ``load_state``."""
-        shard = cls(shard_id, lo, hi, np.zeros(hi - lo, dtype=np.float32), optimizer, total)
+    def blank(cls, shard_id: int, lo: int, hi: int, optimizer, total: int, slicer=None) -> Self:
+        """An empty shard for range ``[lo, hi)`` (and, with ``slicer``, the keys of its embedding-table rows), to
+        become a backup: its state arrives with ``load_state``."""
+        shard = cls(shard_id, lo, hi, np.zeros(hi - lo, dtype=np.float32), optimizer, total,
+                    tables=(slicer, None, None) if slicer is not None else None)
         shard.replicated = True
         return shard
 
@@ -64,6 +67,7 @@ class ReplicatedShard:
         numbers. Live arrays: the link copies them (Ray serialises the call; in one process load_state copies)."""
         state = {PARAMS: self._params_np, "counters": self._ctr, "last_seq": dict(self.last_seq)}
         state.update({f"opt.{k}": v.numpy() for k, v in persistent(self.optimizer, self.opt_state).items()})
+        state.update({k: v.numpy() for k, v in self._table_arrays().items()})  # table.<g>.weight, table.<g>.opt.*
         return state
 
     def load_state(self, state: dict) -> int:
@@ -73,16 +77,18 @@ class ReplicatedShard:
             for name, value in state.items():
                 if name.startswith("opt."):
                     self.opt_state[name[4:]].numpy()[:] = value
+            self._load_table_arrays(state)
             self._ctr[:] = state["counters"]
             self.last_seq = dict(state["last_seq"])
             self.replicated = True
             return self.version
 
     def _forward(self, grad: np.ndarray, offset: int, based_on_version: int, num_examples: int, session: int,
-                 seq: int, whole=None, wait: bool = False) -> None:
+                 seq: int, whole=None, wait: bool = False, rows: list | None = None) -> None:
         """Send the update we just applied to our backup too (called under our lock, after our version moved):
         ``grad`` is the slice we applied at flat ``offset``; ``whole`` the push's whole gradient as it arrived
-        (a file mapping when a replica handed it over in shared memory).
+        (a file mapping when a replica handed it over in shared memory); ``rows`` the push's embedding-table rows
+        (ours: the backup holds the same keys).
 
         The backup's acknowledgement is not awaited here unless ``wait``: the runtime hands it to the caller with
         our answer (``take_handoff``), and the caller waits for both, so we and our backup apply the update at
@@ -96,7 +102,7 @@ class ReplicatedShard:
         filename = getattr(whole, "filename", None)  # np.memmap: the replica's buffer, the whole model's length
         mapped = (filename, whole.size) if filename and whole.size == self.total else None
         try:
-            ack = self._backup.push(grad, offset, based_on_version, num_examples, session, seq, mapped)
+            ack = self._backup.push(grad, offset, based_on_version, num_examples, session, seq, mapped, rows)
         except (RoleFailedError, RemoteTimeoutError):
             self._drop_backup()
             return

@@ -260,9 +260,10 @@ class ParameterShard(DurableShard, ReplicatedShard, VectorAlgebra, ShardTables):
         self.examples += int(num_examples)
         if session:
             self.last_seq[session] = seq
-        self._after_update(a, b, int(num_examples), g, session, seq)
+        self._after_update(a, b, int(num_examples), g, session, seq, rows, scale)
         if self._backup is not None:  # --durability replicate (co-located pushes never come here with one)
-            self._forward(g.numpy(), lo, based_on_version, num_examples, session, seq, grad if offset == 0 else None)
+            self._forward(g.numpy(), lo, based_on_version, num_examples, session, seq, grad if offset == 0 else None,
+                          rows=rows)
         return self.version
 
     def apply_mean(self, *grads) -> int:

@@ -30,7 +30,8 @@ included) stays the driver's and the checkpoint's view of the whole model; ``to_
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import zlib
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -145,6 +146,17 @@ class Slicer(ShardLayout):
                                 tuple(t.base for t in tables if t.group == g)) for g, dim in enumerate(dims))
         return cls(total=base.total, bounds=base.bounds, full_total=offset, tables=tuple(tables),
                    dense_pieces=tuple(pieces), groups=groups)
+
+    def with_shards(self, num_shards: int) -> Slicer:
+        """The same model's keys over ``num_shards`` shards (a checkpoint written by another number of shards)."""
+        total = self.total
+        base = ShardLayout.balanced(total, num_shards) if total else ShardLayout(0, (0,) * (num_shards + 1))
+        return replace(self, bounds=base.bounds)
+
+    def layout_id(self) -> int:
+        """A checksum of the tables' shapes, in key order: a checkpoint carries it, so that a model whose tables
+        differ (other row counts, say) is refused instead of being handed rows that are not its own."""
+        return zlib.crc32(";".join(f"{t.num_rows}x{t.dim}" for t in self.tables).encode())
 
     # ------------------------------------------------------------------ rows
     @property

@@ -115,6 +115,17 @@ class ShardTables:
             out.update({f"{TABLE_PREFIX}{t}.opt.{k}": v for k, v in tab.state.items() if k not in scratch})
         return out
 
+    def _load_table_arrays(self, arrays: dict) -> None:
+        """Copy ``_table_arrays``-named arrays (a primary's, for its backup: ps/replication.py) into our rows and
+        row state, in place. Every row group must be there: a backup without its primary's rows is no copy."""
+        for t, tab in enumerate(self.tables):
+            np.copyto(tab.weight_np, np.asarray(arrays[f"{TABLE_PREFIX}{t}.weight"], dtype=np.float32)
+                      .reshape(tab.weight_np.shape))
+            for name, value in tab.state.items():
+                key = f"{TABLE_PREFIX}{t}.opt.{name}"
+                if key in arrays:
+                    value.numpy()[:] = np.asarray(arrays[key], dtype=np.float32).reshape(value.shape)
+
     def _bind_tables(self, storage: dict[str, np.ndarray]) -> None:
         for t, tab in enumerate(self.tables):
             n, dim = tab.weight.shape
@@ -141,11 +152,10 @@ class ShardTables:
             return out, self.version
 
     def read_table(self, t: int) -> np.ndarray:
-        """All of this shard's rows of row group ``t`` (a copy; the driver's evaluation and final read)."""
+        """All of this shard's rows of row group ``t`` (a copy; the driver's evaluation and final read, which
+        ``bytes_fetched`` does not count: it measures what the replicas move)."""
         with self.lock:
-            w = self.tables[t].weight_np.copy()
-            self.bytes_fetched += w.nbytes
-            return w
+            return self.tables[t].weight_np.copy()
 
     def _check_rows(self, rows) -> bool:
         """Check a push's rows before anything of it is applied: ValueError for a bad id or shape (nothing

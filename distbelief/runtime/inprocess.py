@@ -58,9 +58,10 @@ class _LocalLink:
                 raise RoleFailedError(f"{self.name} is dead")
             return getattr(self.box.obj, method)(*args)
 
-    def push(self, grad, offset: int, based_on_version: int, num_examples: int, session: int, seq: int, mapped):
+    def push(self, grad, offset: int, based_on_version: int, num_examples: int, session: int, seq: int, mapped,
+             rows=None):
         """Applied before it returns: the acknowledgement is the backup's version after it."""
-        return self.call("push", -1, grad, offset, based_on_version, num_examples, session, seq)
+        return self.call("push", -1, grad, offset, based_on_version, num_examples, session, seq, rows)
 
     def version_of(self, ack: int, wait: bool) -> int:
         return ack

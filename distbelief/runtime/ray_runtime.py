@@ -340,7 +340,9 @@ class _RayLink:
     def call(self, method: str, *args):
         return _RayFuture(self.handle.call.remote(method, *args), self.name).result(self.timeout_s)
 
-    def push(self, grad, offset: int, based_on_version: int, num_examples: int, session: int, seq: int, mapped):
+    def push(self, grad, offset: int, based_on_version: int, num_examples: int, session: int, seq: int, mapped,
+             rows=None):
+        extra = (rows,) if rows is not None else ()  # a model's table rows travel as an argument: they are small
         if mapped is not None and self._same_node is None:
             here = ray.get_runtime_context().get_node_id()
             self._same_node = _RayFuture(self.handle.node_id.remote(), self.name).result(self.timeout_s) == here
@@ -348,8 +350,10 @@ class _RayLink:
             # The whole gradient is in a replica's buffer in /dev/shm: the backup reads its range there (as we did)
             # instead of receiving a copy; the replica rewrites the buffer only after both acknowledged it.
             path, size = mapped
-            return self.handle.push_shm.remote(path, size, -1, 0, based_on_version, num_examples, session, seq)
-        return self.handle.call.remote("push", -1, grad, offset, based_on_version, num_examples, session, seq)
+            return self.handle.push_shm.remote(path, size, -1, 0, based_on_version, num_examples, session, seq,
+                                               *extra)
+        return self.handle.call.remote("push", -1, grad, offset, based_on_version, num_examples, session, seq,
+                                       *extra)
 
     def version_of(self, ack, wait: bool) -> int | None:
         if not wait and not ray.wait([ack], timeout=0)[0]:

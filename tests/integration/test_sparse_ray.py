@@ -39,3 +39,23 @@ def test_two_replicas_with_tables_train_on_ray():
     s = res.summary
     assert s["updates_per_shard"] == [300, 300] and s["rejected_pushes"] == 0
     assert s["best_test_accuracy"] >= 0.85  # the label is a function of one dense feature and one field
+
+
+@pytest.mark.parametrize("durability", ["replicate", "log"])
+def test_a_killed_table_shard_loses_no_update_on_ray(tmp_path, durability):
+    """Shard 1's process killed at step 30: its backup (which received every push's rows, through the replica's
+    shared-memory buffer for the dense part) or its snapshot plus log (every push's rows) brings it back with
+    every update, and one replica's run ends bit for bit as the in-process run without the kill."""
+    from distbelief.testing import Faults
+
+    ds = ctr_data(n=1024)
+    kw = dict(quiet=True, replicas=1, shards=2, max_steps=60, max_seconds=0, eval_every_seconds=3600,
+              batch_size=BATCH, seed=SEED, optimizer="adagrad", lr=0.05, overlap=False, fetch_every=1,
+              push_every=1, checkpoint_every_seconds=0, checkpoint_every_updates=20)
+    ref = train(TinyCTR, ds, ds, runtime="inprocess", durability="off", **kw)
+    res = train(TinyCTR, ds, ds, runtime="ray", durability=durability, out=str(tmp_path / "run"),
+                faults=Faults(kill_shard_at_step=30, kill_shard_id=1), **kw)
+    s = res.summary
+    assert s["shard_restarts"] == 1 and s["updates_lost"] == 0 and s["rows_pushed"] > 0
+    assert s["updates_per_shard"] == [60, 60]
+    assert torch.equal(res.flat_params, ref.flat_params)

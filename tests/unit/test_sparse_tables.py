@@ -313,8 +313,7 @@ def test_a_killed_table_shard_restarts_from_its_snapshot_and_reports_what_it_los
 
 
 @pytest.mark.parametrize("settings,field", [
-    (dict(strategy="sync"), "strategy"), (dict(durability="log"), "durability"),
-    (dict(durability="replicate"), "durability"),
+    (dict(strategy="sync"), "strategy"), (dict(partitions=2), "partitions"),
 ])
 def test_what_tables_cannot_do_yet_is_refused_before_any_worker_starts(settings, field):
     ds = ctr_data(n=64)
