@@ -29,6 +29,18 @@ import torch
 from distbelief.ps.sharding import bind_flat
 
 
+def _sum_duplicates(keys: torch.Tensor, vals: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(unique sorted keys, their summed values)``: one stable sort and one sequential scatter-add for a whole
+    row group, where coalescing each table's sparse gradient would cost a few small operations per table. Each
+    key's values are added in the order they came (the stable sort keeps it), as torch's coalesce adds them."""
+    order = torch.sort(keys, stable=True)[1]
+    sorted_keys = keys[order]
+    unique, inverse = torch.unique_consecutive(sorted_keys, return_inverse=True)
+    out = torch.zeros(unique.numel(), vals.shape[1], dtype=vals.dtype)
+    out.index_add_(0, inverse, vals[order])
+    return unique, out
+
+
 class SparseModel:
     """A gradient source (see downpour/replica.py ``GradientSource``) for a model with embedding tables.
 
@@ -136,14 +148,12 @@ class SparseModel:
         loss = self.loss_fn(self.model(x), y)
         loss.backward()
         for g, group in enumerate(self.slicer.groups):
-            # Each table's gradient coalesced on its own (duplicate ids summed in the order torch's own sparse
-            # optimizers sum them), then the group's keys: unique and sorted, since the tables' key ranges are.
-            parts = [(self.weights[t].grad.coalesce(), self.slicer.tables[t].base) for t in group.tables
+            parts = [(self.weights[t].grad, self.slicer.tables[t].base) for t in group.tables
                      if self.weights[t].grad is not None]
             if not parts:
                 continue
-            keys = torch.cat([gr._indices()[0] + base for gr, base in parts])
-            vals = torch.cat([gr._values() for gr, _ in parts])
+            keys, vals = _sum_duplicates(torch.cat([gr._indices()[0] + base for gr, base in parts]),
+                                         torch.cat([gr._values() for gr, _ in parts]))
             self._pending[g].append((keys, vals))
             if self.local_lr:
                 with torch.no_grad():
