@@ -256,7 +256,7 @@ class ShardClient(ABC):
         and the next step's fetch. Each shard sees the fetch right after the push (calls from one caller to one
         shard run in order), as if the two were sent separately; runtimes that can, do both in one call per
         shard. Until ``result`` returns, the caller must leave ``grad`` unchanged (it may be read in place)."""
-        return _Chained(self.push_async(grad, versions, num_examples, rows), self.fetch_async())
+        return _Chained(self.push_async(grad, versions, num_examples, rows=rows), self.fetch_async())
 
     def shared_buffers(self):
         """``(params, grads)``: float32 numpy buffers that fetches write into and pushes may read from in place,

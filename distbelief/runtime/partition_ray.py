@@ -120,7 +120,7 @@ class RayRangeClient(ShardClient):
         args = {k: (self.lo, self.hi, self.replica_id) for k in self.shard_ids}
         return _RangeCalls(self, "fetch_range", args, transform=split)
 
-    def push_async(self, grad, versions, num_examples: int) -> Future:
+    def push_async(self, grad, versions, num_examples: int, rows=None) -> Future:
         g = grad.numpy() if hasattr(grad, "numpy") else grad
         args = {}
         seq = self.next_seq()
