@@ -119,6 +119,7 @@ class ParameterServerTrainer:
         self.best_acc = p.get("best_acc", -1.0)
         self.time_to_target: float | None = p.get("time_to_target")
         self.stop_reason = ""
+        self._stop_requested = ""  # request_stop(reason)
         self.examples_sync = p.get("examples_sync", 0)
         # restarts and losses of the run we resume carry over (the policy's budget is per run, not per resume)
         self.supervisor = Supervisor(RestartPolicy(max_restarts=cfg.max_replica_restarts),
@@ -353,7 +354,15 @@ class ParameterServerTrainer:
             return math.inf
         return self.cfg.max_seconds - self.clock.elapsed()
 
+    def request_stop(self, reason: str) -> None:
+        """End the run at the next supervision tick, with ``reason`` as its stop reason (a probe's way to end a
+        run once what it waited for happened, instead of a time budget; callable from the driver's thread)."""
+        self._stop_requested = reason
+
     def _should_stop(self) -> bool:
+        if self._stop_requested:
+            self.stop_reason = self.stop_reason or self._stop_requested
+            return True
         if self.time_to_target is not None and not (self.job.faults.finish_faults and self.faults.pending):
             self.stop_reason = self.stop_reason or "target accuracy reached"
             return True

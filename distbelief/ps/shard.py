@@ -165,7 +165,8 @@ class ParameterShard(DurableShard, ReplicatedShard, VectorAlgebra, ShardTables):
             self._writer.wait()  # a snapshot in flight reads our buffers, not the state: safe, but keep it simple
             mine = f"{base}-s{self.shard_id}-{time.monotonic_ns():x}"
             arrays = {PARAMS: self._params_np, COUNTERS_FILE: self._ctr}
-            arrays.update({f"opt.{k}": v.numpy() for k, v in self.opt_state.items() if k not in self.optimizer.scratch})
+            arrays.update({f"opt.{k}": v.numpy() for k, v in self.opt_state.items()
+                           if k not in self.optimizer.scratch})
             arrays.update({k: v.numpy() for k, v in self._table_arrays().items()})
             files, maps = create_storage(mine, arrays)
             # The state a dead predecessor of this shard left behind is garbage now (what replicas applied to it
@@ -217,9 +218,9 @@ class ParameterShard(DurableShard, ReplicatedShard, VectorAlgebra, ShardTables):
         our current version is the push's staleness. Returns our version after the push. A push with a
         non-finite value or a range outside the model is rejected and counted, never applied.
 
-        ``rows`` (a model with embedding tables): per table None or ``(local_ids, values)``, this shard's rows of
-        the push's row-sparse gradient (ps/tables.py); applied with the dense part as one update. A row id outside
-        its table raises ValueError before anything of the push is applied.
+        ``rows`` (a model with embedding tables): per row group None or ``(local_ids, values)``, this shard's rows
+        of the push's row-sparse gradient (ps/tables.py); applied with the dense part as one update. A row id
+        outside its table raises ValueError before anything of the push is applied.
         """
         with self.lock:
             return self._push(grad, offset, based_on_version, num_examples, session, seq, rows)

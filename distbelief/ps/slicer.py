@@ -115,7 +115,7 @@ class Slicer(ShardLayout):
     groups: tuple[RowGroup, ...] = ()
 
     @classmethod
-    def for_model(cls, model: nn.Module, num_shards: int) -> "Slicer":
+    def for_model(cls, model: nn.Module, num_shards: int) -> Slicer:
         table_params = {(f"{n}.weight" if n else "weight"): (n, m) for n, m in find_tables(model)}
         tables, pieces, offset = [], [], 0
         dims: list[int] = []  # one row group per table width, in order of first appearance

@@ -32,16 +32,8 @@ def test_every_data_plane_serves_table_rows_bit_for_bit_as_in_process():
         assert r.summary["rows_pushed"] == ref.summary["rows_pushed"] > 0
 
 
-def test_two_replicas_with_tables_train_on_ray():
-    ds, test = ctr_data(n=4096), ctr_data(n=1024, seed=1)
-    res = train(TinyCTR, ds, test, quiet=True, replicas=2, shards=2, batch_size=64, max_steps=150, max_seconds=0,
-                eval_every_seconds=3600, seed=SEED)
-    s = res.summary
-    assert s["updates_per_shard"] == [300, 300] and s["rejected_pushes"] == 0
-    assert s["best_test_accuracy"] >= 0.85  # the label is a function of one dense feature and one field
-
-
-@pytest.mark.parametrize("durability", ["replicate", "log"])
+# replicate: the Ray link forwards rows to a backup actor (log is exact in process: test_table_durability.py)
+@pytest.mark.parametrize("durability", ["replicate"])
 def test_a_killed_table_shard_loses_no_update_on_ray(tmp_path, durability):
     """Shard 1's process killed at step 30: its backup (which received every push's rows, through the replica's
     shared-memory buffer for the dense part) or its snapshot plus log (every push's rows) brings it back with

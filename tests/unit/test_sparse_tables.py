@@ -184,7 +184,7 @@ def test_non_finite_rows_reject_the_whole_push():
 
 
 def test_fetch_rows_returns_the_shards_rows():
-    s, shard = _table_shard()
+    _, shard = _table_shard()
     vals, version = shard.fetch_rows([np.array([0, 5, 177], dtype=np.int64)])
     assert np.array_equal(vals[0], shard.tables[0].weight_np[[0, 5, 177]]) and version == 0
     assert shard.stats()["rows_fetched"] == 3
@@ -258,7 +258,7 @@ def test_two_replicas_on_disjoint_rows_are_exact():
     got = res.model.e.weight.detach()
     torch.manual_seed(SEED)
     expect = RowsOnly().e.weight.detach().clone()
-    touched = [set(range(0, 20)), set(range(20, 40))]
+    touched = [set(range(20)), set(range(20, 40))]
     for rid in range(2):
         torch.manual_seed(SEED)
         m = RowsOnly()
