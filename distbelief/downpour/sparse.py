@@ -41,6 +41,13 @@ def _sum_duplicates(keys: torch.Tensor, vals: torch.Tensor) -> tuple[torch.Tenso
     return unique, out
 
 
+def _row_sparse(grad: torch.Tensor) -> torch.Tensor:
+    """A table's gradient as a row-sparse COO tensor. A model that reads a table's weight itself (``F.embedding``
+    on ``module.weight``) gets a dense gradient; its nonzero rows are the same update (a zero row changes neither
+    the row nor its optimizer state under any rule here)."""
+    return grad if grad.is_sparse else grad.to_sparse(1)
+
+
 class SparseModel:
     """A gradient source (see downpour/replica.py ``GradientSource``) for a model with embedding tables.
 
@@ -148,12 +155,18 @@ class SparseModel:
         loss = self.loss_fn(self.model(x), y)
         loss.backward()
         for g, group in enumerate(self.slicer.groups):
-            parts = [(self.weights[t].grad, self.slicer.tables[t].base) for t in group.tables
+            parts = [(_row_sparse(self.weights[t].grad), self.slicer.tables[t].base) for t in group.tables
                      if self.weights[t].grad is not None]
             if not parts:
                 continue
             keys, vals = _sum_duplicates(torch.cat([gr._indices()[0] + base for gr, base in parts]),
                                          torch.cat([gr._values() for gr, _ in parts]))
+            stale = keys[~self._fresh[g][keys]]
+            if stale.numel():  # a row computed with but never fetched: its table was used without its module
+                spec = self.slicer.table_of(g, int(stale[0]))
+                raise ValueError(f"{spec.name()} was read without calling its module (F.embedding on its weight?), "
+                                 f"so its rows were never fetched from the parameter shards: call the module, or "
+                                 f"define embedding_ids(x) on the model (docs/tables.md)")
             self._pending[g].append((keys, vals))
             if self.local_lr:
                 with torch.no_grad():

@@ -64,7 +64,8 @@ def run_downpour(model_fn, ds, **kw):
                     seed=SEED, optimizer="adagrad", lr=0.05, adagrad_eps=1e-10, max_steps=25,
                     durability="off")
     settings.update(kw)
-    return train(model_fn, ds, ds, quiet=True, **settings)
+    settings.setdefault("quiet", True)
+    return train(model_fn, ds, ds, **settings)
 
 
 def torch_reference(model_fn, ds, steps, lr=0.05, opt="adagrad", replica_id=0, num_replicas=1):
@@ -396,3 +397,36 @@ def test_elastic_replicas_with_tables():
     s = res.summary
     assert s["max_replicas"] == 2 and s["steps_per_replica"] == [20, 20]
     assert s["updates_per_shard"] == [40, 40] and s["rows_pushed"] > 0
+
+
+def test_a_table_read_without_its_module_is_refused_unless_the_model_declares_its_ids(capsys):
+    """``F.embedding(ids, self.e0.weight)`` bypasses the module's hook, so the replica cannot know which rows to
+    fetch: the run says so, naming the table. With ``embedding_ids(x)`` declared, the rows are fetched before the
+    forward, the dense gradient becomes its nonzero rows, and the run is torch's."""
+    class Functional(TinyCTR):
+        def forward(self, x):
+            ids = self.ids(x)
+            parts = [self.dense(x[:, :2]), F.embedding(ids[0], self.e0.weight)]
+            parts += [bag(i[:, None]) for bag, i in zip(self.bags, ids[1:])]
+            return self.top(torch.relu(torch.cat(parts, 1)))
+
+    class Declared(Functional):
+        def embedding_ids(self, x):
+            return self.ids(x)
+
+    ds = ctr_data()
+    refused = run_downpour(Functional, ds, shards=2, optimizer="sgd", lr=0.05, max_steps=10, max_replica_restarts=0,
+                           quiet=False)
+    assert "table 'e0' (Embedding, 50 rows) was read without calling its module" in capsys.readouterr().err
+    assert refused.summary["updates"] == 0
+    res = run_downpour(Declared, ds, shards=2, optimizer="sgd", lr=0.05, max_steps=10)
+    torch.manual_seed(SEED)
+    model = Declared()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    batches = BatchSource(ds, replica_indices(len(ds), 1, 0, SEED), BATCH, seed=SEED * 7919)
+    for _ in range(10):
+        x, y = batches.next_batch()
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    torch.testing.assert_close(res.flat_params, flatten(model), atol=1e-6, rtol=0)
