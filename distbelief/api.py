@@ -151,11 +151,11 @@ def check_model_and_data(model_fn, train_ds, loss_fn, metric_fn=None, cfg: RunCo
             pass
 
 
-def check_tables(model: torch.nn.Module, cfg: RunConfig, resume: bool) -> None:
+def check_tables(model: torch.nn.Module, cfg: RunConfig) -> None:
     """Refuse, before any worker starts, what a model with embedding tables cannot do yet (the tables are held
     row-sharded on the shards by downpour; see ps/slicer.py). The single-process and local baselines train the
-    user's module as it is. Every durability mode covers the rows, and a run with tables resumes (``resume``),
-    with the same or another number of shards."""
+    user's module as it is. Every durability mode covers the rows, and a run with tables resumes, with the same or
+    another number of shards."""
     from distbelief.ps.slicer import find_tables
 
     if cfg.strategy in ("sgd", *LOCAL_STRATEGIES):
@@ -274,7 +274,7 @@ def train(
     check_model_and_data(model_fn, train_data, loss_fn, metric_fn, cfg)
     probe = model_fn()
     n_params = sum(p.numel() for p in probe.parameters())
-    check_tables(probe, cfg, resume)
+    check_tables(probe, cfg)
     if cfg.init_params and not resume:  # a resumed run continues from its own checkpoints instead
         from distbelief.warmstart import WarmStarted, load_flat_params
 

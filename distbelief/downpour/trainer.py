@@ -311,11 +311,7 @@ class ParameterServerTrainer:
             "bytes_pushed": sum(s["bytes_pushed"] for s in stats),
             "bytes_fetched": sum(s["bytes_fetched"] for s in stats),
         }
-        if self.server.tabled:  # embedding rows moved (cumulative; rows/s and bytes per shard in Prometheus)
-            rec["rows_pushed"] = sum(s["rows_pushed"] for s in stats)
-            rec["rows_fetched"] = sum(s["rows_fetched"] for s in stats)
-            rec["bytes_pushed_per_shard"] = [s["bytes_pushed"] for s in stats]
-            rec["bytes_fetched_per_shard"] = [s["bytes_fetched"] for s in stats]
+        rec.update(self._table_traffic(stats))  # embedding rows moved (cumulative; rows/s in Prometheus)
         live = [st.last_stats for st in self.replicas.values() if st.last_stats and "wait_s" in st.last_stats]
         if live:  # where the replicas' time goes: computing gradients vs waiting for fetches and pushes
             rec["replica_compute_s"] = round(sum(s["compute_s"] for s in live), 3)
@@ -664,13 +660,20 @@ class ParameterServerTrainer:
             **self._table_summary(stats),
         )
 
+    def _table_traffic(self, stats: list[dict]) -> dict:
+        """The rows and bytes the shards moved so far (none for a model without embedding tables): every
+        evaluation's record and the summary."""
+        if not self.server.tabled:
+            return {}
+        return dict(rows_pushed=sum(s["rows_pushed"] for s in stats),
+                    rows_fetched=sum(s["rows_fetched"] for s in stats),
+                    bytes_pushed_per_shard=[s["bytes_pushed"] for s in stats],
+                    bytes_fetched_per_shard=[s["bytes_fetched"] for s in stats])
+
     def _table_summary(self, stats: list[dict]) -> dict:
         """The summary's table fields (none for a model without embedding tables)."""
         if not self.server.tabled:
             return {}
         tables = self.layout.tables
         return dict(table_rows=sum(t.num_rows for t in tables), table_parameters=sum(t.numel for t in tables),
-                    rows_pushed=sum(s["rows_pushed"] for s in stats),
-                    rows_fetched=sum(s["rows_fetched"] for s in stats),
-                    bytes_pushed_per_shard=[s["bytes_pushed"] for s in stats],
-                    bytes_fetched_per_shard=[s["bytes_fetched"] for s in stats])
+                    **self._table_traffic(stats))

@@ -20,6 +20,7 @@ import torch
 from distbelief.ps.arrays import PARAMS, all_finite, as_tensor
 from distbelief.ps.durability import Durability, DurableShard, SnapshotWriter
 from distbelief.ps.replication import ReplicatedShard
+from distbelief.ps.rules import persistent
 from distbelief.ps.tables import ShardTables
 from distbelief.ps.vectors import VECTOR_OPS, VectorAlgebra
 
@@ -165,8 +166,7 @@ class ParameterShard(DurableShard, ReplicatedShard, VectorAlgebra, ShardTables):
             self._writer.wait()  # a snapshot in flight reads our buffers, not the state: safe, but keep it simple
             mine = f"{base}-s{self.shard_id}-{time.monotonic_ns():x}"
             arrays = {PARAMS: self._params_np, COUNTERS_FILE: self._ctr}
-            arrays.update({f"opt.{k}": v.numpy() for k, v in self.opt_state.items()
-                           if k not in self.optimizer.scratch})
+            arrays.update({f"opt.{k}": v.numpy() for k, v in persistent(self.optimizer, self.opt_state).items()})
             arrays.update({k: v.numpy() for k, v in self._table_arrays().items()})
             files, maps = create_storage(mine, arrays)
             # The state a dead predecessor of this shard left behind is garbage now (what replicas applied to it

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from distbelief.ps.arrays import as_tensor
+from distbelief.ps.rules import persistent
 
 TABLE_PREFIX = "table."  # a table's arrays in checkpoints and shared memory: table.<t>.weight, table.<t>.opt.<name>
 
@@ -108,11 +109,10 @@ class ShardTables:
 
     def _table_arrays(self) -> dict[str, torch.Tensor]:
         """Every table's weight and persistent rule state, by their checkpoint / shared-memory names."""
-        scratch = getattr(self.optimizer, "scratch", ())
         out = {}
         for t, tab in enumerate(self.tables):
             out[f"{TABLE_PREFIX}{t}.weight"] = tab.weight
-            out.update({f"{TABLE_PREFIX}{t}.opt.{k}": v for k, v in tab.state.items() if k not in scratch})
+            out.update({f"{TABLE_PREFIX}{t}.opt.{k}": v for k, v in persistent(self.optimizer, tab.state).items()})
         return out
 
     def _load_table_arrays(self, arrays: dict) -> None:

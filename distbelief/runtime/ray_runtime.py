@@ -543,7 +543,7 @@ class RayShardClient(ShardClient):
             return super().push_fetch_async(grad, versions, num_examples, rows)
         g = grad.numpy() if hasattr(grad, "numpy") else grad
         vs = [versions[k] if versions else 0 for k in range(len(self.handles))]
-        push_args = self._shm_push_args("push0", g, vs, num_examples, self.next_seq(), rows)
+        push_args = self._shm_push_args("push0", g, vs, num_examples, self.next_seq(), self._row_args(rows))
         self._next_push_buf = 1  # a plain push after this one must not reuse push0 while a shard may read it
         args = [(a[0], self.shm_paths["fetch"], *a[1:]) for a in push_args]
 
@@ -553,16 +553,22 @@ class RayShardClient(ShardClient):
 
         return _ShardCalls(self, "push+fetch", args, transform=unpack, actor_method="push_fetch_shm")
 
-    def _shm_push_args(self, key: str, g, vs, num_examples: int, seq: int, rows=None) -> list[tuple]:
+    def _row_args(self, rows) -> list[tuple]:
+        """Per shard, the trailing push arguments that carry its part of ``rows`` (a model's table rows travel as
+        arguments: they are small); none at all for a push without rows."""
+        if rows is None:
+            return [()] * len(self.handles)
+        return [(part,) for part in self._split_push_rows(rows)]
+
+    def _shm_push_args(self, key: str, g, vs, num_examples: int, seq: int, row_args: list[tuple]) -> list[tuple]:
         """Put gradient ``g`` into push buffer ``key`` (no copy if ``g`` is that buffer: a replica bound to
-        ``shared_buffers()`` computed it in place) and return each shard's ``push_shm`` arguments (a model's table
-        rows travel as arguments: they are small)."""
-        per_shard = self._split_push_rows(rows)
+        ``shared_buffers()`` computed it in place) and return each shard's ``push_shm`` arguments (``row_args``:
+        ``_row_args`` of the push)."""
         buf = self._shm_bufs[key]
         if g.ctypes.data != buf.ctypes.data:
             np.copyto(buf, g)
-        return [(self.shm_paths[key], self.layout.total, self.replica_id, 0, vs[k], num_examples, self.session, seq)
-                + ((per_shard[k],) if rows is not None else ()) for k in range(len(self.handles))]
+        return [(self.shm_paths[key], self.layout.total, self.replica_id, 0, vs[k], num_examples, self.session, seq,
+                 *row_args[k]) for k in range(len(self.handles))]
 
     def push_async(self, grad, versions, num_examples: int, rows=None) -> Future:
         if self.colocated is not None:
@@ -571,14 +577,13 @@ class RayShardClient(ShardClient):
         n = len(self.handles)
         vs = [versions[k] if versions else 0 for k in range(n)]
         seq = self.next_seq()
-        per_shard = self._split_push_rows(rows)
-        extra = [((per_shard[k],) if rows is not None else ()) for k in range(n)]
+        extra = self._row_args(rows)  # checked and split once, before anything is sent
         if self.shm_paths:
             # The previous push was acknowledged before this one starts (the replica's back-pressure); buffers
             # alternate anyway, so a buffer is rewritten only two pushes after it was sent.
             key = f"push{self._next_push_buf}"
             self._next_push_buf ^= 1
-            args = self._shm_push_args(key, g, vs, num_examples, seq, rows)
+            args = self._shm_push_args(key, g, vs, num_examples, seq, extra)
 
             def ack_shm(versions_after):
                 self._ack(versions_after)
