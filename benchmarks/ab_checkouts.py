@@ -7,8 +7,10 @@
 throughput`'s Downpour method on that model, with the defaults (2 replicas x 2 shards): the no-regression guard.
 
 e.g. ``git worktree add /tmp/old HEAD~1`` and compare it with this checkout. Each run is a fresh process with
-``PYTHONPATH`` set to its checkout (so the Ray workers it starts import the same code), alternating A, B, A, B...
-to spread this machine's drift over both; run-to-run noise here is 5-20%, so read the paired means, not one run.
+``PYTHONPATH`` set to its checkout (so the Ray workers it starts import the same code). The order alternates
+each round (A B, B A, A B, ...): measured here, the second run of a pair is ~5% slower than the first whichever
+checkout it is (the machine warms), so a fixed order biases the ratio; use an even number of rounds. Run-to-run
+noise here is 5-20%, so read the medians and means over rounds, not one run.
 Prints one JSON line per run and a summary; writes nothing else. Not a test.
 """
 
@@ -68,7 +70,7 @@ def main() -> None:
                      f"`git worktree add {c} <commit>`")
     rates = {"a": [], "b": []}
     for i in range(args.rounds):
-        for key in ("a", "b"):
+        for key in (("a", "b") if i % 2 == 0 else ("b", "a")):
             r = run_once(getattr(args, key), args.seconds, args.model)
             rates[key].append(r["examples_per_s"])
             print(json.dumps({"round": i + 1, "checkout": key, **r}), flush=True)

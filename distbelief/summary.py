@@ -66,6 +66,7 @@ class RunSummary:
     push_fetch_calls: int | None = None
     replicas_zero_copy: int | None = None
     replicas_colocated: int | None = None
+    replica_transports: dict[str, int] | None = None  # replicas per transport: colocated, shared-memory, ...
 
     # -- embedding tables held row-sharded on the shards (ps/slicer.py) --
     table_rows: int | None = None  # rows of all tables together

@@ -289,6 +289,7 @@ class ModelReplica:
             "push_fetches": self.push_fetches,
             "zero_copy": self.zero_copy,
             "colocated": self.client.colocated is not None,
+            "transport": self.client.transport_name,
             "loss_ema": self.loss_ema,
             "compute_s": self.compute_s,
             "wait_s": self.wait_s,

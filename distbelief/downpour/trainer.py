@@ -11,6 +11,7 @@ import dataclasses
 import math
 import os
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
@@ -649,6 +650,8 @@ class ParameterServerTrainer:
             push_fetch_calls=sum(s.get("push_fetches", 0) for s in latest) if asynchronous else None,
             replicas_zero_copy=sum(bool(s.get("zero_copy")) for s in latest) if asynchronous else None,
             replicas_colocated=sum(bool(s.get("colocated")) for s in latest) if asynchronous else None,
+            replica_transports=dict(Counter(s["transport"] for s in latest if s.get("transport")))
+            if asynchronous else None,
             replica_restarts=self.supervisor.replica_restarts, replicas_lost=self.supervisor.replicas_lost,
             replica_recovery_s=list(self.supervisor.recovery_s),
             shard_restarts=self.server.restarts, updates_lost=self.server.updates_lost,

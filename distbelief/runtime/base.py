@@ -165,6 +165,8 @@ class ShardClient(ABC):
     # Per shard, a handle applying this client's pushes to the shard's memory directly (ps/colocated.py), or
     # None: every call goes to the shard's process.
     colocated: list | None = None
+    # How calls and bytes reach the shards (on Ray: runtime/transports/), for the run's summary.
+    transport_name: str = "in-process"
 
     # Replicas wait for a restarted shard; the driver's own client must not, because the driver is the one that
     # restarts shards (it would wait for itself). Its calls fail at once and the trainer restarts, then retries.

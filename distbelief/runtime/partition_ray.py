@@ -31,15 +31,15 @@ from typing import Any, Callable, Hashable
 import numpy as np
 import ray
 import torch
-from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.exceptions import GetTimeoutError, RayActorError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from distbelief.exceptions import ConfigError, RemoteTimeoutError, RoleFailedError
-from distbelief.runtime.group_stats import merge_partition_stats
-from distbelief.runtime import forwarded
 from distbelief.runtime.base import Future, Role, ShardClient
+from distbelief.runtime.group_stats import merge_partition_stats
 from distbelief.runtime.transport import Mailbox, Transport
+from distbelief.runtime.transports.calls import ShardCalls
 
 PARTITION_CPUS = 1.0  # the default; the runtime's ``partition_cpus`` is what a partition asks for
 
@@ -67,44 +67,6 @@ class RayTransport(Transport):
         return _to_tensor(self.mailbox.take(src, key, timeout_s))
 
 
-class _RangeCalls(Future):
-    """One call per shard id; a call to a shard that died is re-sent to its replacement within the timeout."""
-
-    def __init__(self, client: "RayRangeClient", method: str, args: dict[int, tuple], transform=None):
-        self.client, self.method, self.args, self.transform = client, method, args, transform
-        self.handles = {k: client.handles[k] for k in args}
-        self.refs = {k: self.handles[k].call.remote(method, *a) for k, a in args.items()}
-
-    def result(self, timeout_s: float):
-        deadline = time.monotonic() + timeout_s
-        out = {}
-        for k in self.refs:
-            while True:
-                try:
-                    reply = ray.get(self.refs[k], timeout=max(0.0, deadline - time.monotonic()))
-                    value, resend = forwarded.settle(reply, deadline, f"parameter shard {k}")
-                    if resend:  # the primary died after answering, before its backup's acknowledgement was read
-                        self.handles[k] = self.client.await_replacement(k, self.handles[k], deadline)
-                        self.refs[k] = self.handles[k].call.remote(self.method, *self.args[k])
-                        continue
-                    out[k] = value
-                    break
-                except GetTimeoutError:
-                    raise RemoteTimeoutError(f"parameter shard {k} did not answer {self.method} within "
-                                             f"{timeout_s:.0f}s (raise remote_timeout_s if it is slow)") from None
-                except RayActorError:
-                    self.handles[k] = self.client.await_replacement(k, self.handles[k], deadline)
-                    self.refs[k] = self.handles[k].call.remote(self.method, *self.args[k])
-                except RayTaskError as e:
-                    raise RoleFailedError(f"parameter shard {k} failed in {self.method}: {e}") from e
-        return self.transform(out) if self.transform else out
-
-    def done(self) -> bool:
-        refs = list(self.refs.values())
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-        return len(ready) == len(refs)
-
-
 class RayRangeClient(ShardClient):
     """A partition's client for the shards holding its flat range ``[lo, hi)`` — only those are ever called."""
 
@@ -113,31 +75,34 @@ class RayRangeClient(ShardClient):
         self.replica_id, self.timeout_s, self.lo, self.hi = replica_id, timeout_s, lo, hi
         self.shard_ids = layout.shards_overlapping(lo, hi)
 
+    transport_name = "object-store"
+
     def fetch_async(self) -> Future:
         def split(out):
-            return [(out[k][0], out[k][1]) for k in self.shard_ids], {k: out[k][2] for k in self.shard_ids}
+            return [(o[0], o[1]) for o in out], {k: o[2] for k, o in zip(self.shard_ids, out)}
 
-        args = {k: (self.lo, self.hi, self.replica_id) for k in self.shard_ids}
-        return _RangeCalls(self, "fetch_range", args, transform=split)
+        sends = {k: ("call", ("fetch_range", self.lo, self.hi, self.replica_id)) for k in self.shard_ids}
+        return ShardCalls(self, "fetch_range", sends, transform=split)
 
     def push_async(self, grad, versions, num_examples: int, rows=None) -> Future:
         g = grad.numpy() if hasattr(grad, "numpy") else grad
-        args = {}
+        sends = {}
         seq = self.next_seq()
         for k in self.shard_ids:
             s_lo, s_hi = self.layout.range(k)
             a, b = max(s_lo, self.lo), min(s_hi, self.hi)
             # Each slice is serialised right here, so the caller may reuse its gradient buffer. (session, seq) let
             # a restarted shard recognise a re-sent push it had already applied before it died.
-            args[k] = (self.replica_id, g[a - self.lo: b - self.lo], a, versions[k] if versions else 0, num_examples,
-                       self.session, seq)
+            sends[k] = ("call", ("push", self.replica_id, g[a - self.lo: b - self.lo], a,
+                                 versions[k] if versions else 0, num_examples, self.session, seq))
 
         def ack(out):
-            acked = [out.get(k) for k in range(len(self.handles))]
+            by_shard = dict(zip(self.shard_ids, out))
+            acked = [by_shard.get(k) for k in range(len(self.handles))]
             self._ack(acked)
             return acked
 
-        return _RangeCalls(self, "push", args, transform=ack)
+        return ShardCalls(self, "push", sends, transform=ack)
 
 
 @ray.remote(concurrency_groups={"io": 1})

@@ -13,21 +13,19 @@ import math
 import os
 import socket
 import sys
-import threading
-import time
 from typing import Any, Callable
 
 import numpy as np
 import ray
-from ray.exceptions import GetTimeoutError, ObjectLostError, RayActorError, RayError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from distbelief.exceptions import ClusterUnreachableError, ConfigError, RemoteTimeoutError, RoleFailedError
-from distbelief.runtime import forwarded, shm
-from distbelief.ps.colocated import ColocatedShard
+from distbelief.runtime import forwarded, shm, transports
+from distbelief.runtime.base import Future, Role, Runtime, ShardClient, SplitFuture, _Mapped, at_offset
 from distbelief.runtime.clocks import ClockGate
-from distbelief.runtime.base import Done, Future, Role, Runtime, ShardClient, SplitFuture, at_offset
 from distbelief.runtime.partition_ray import create_ray_partition_group, kill_ray_partition
+from distbelief.runtime.transports.backup import BackupLink
+from distbelief.runtime.transports.calls import RayFuture as _RayFuture
 
 
 def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
@@ -85,7 +83,8 @@ def use_token_if_available() -> bool:
         return False
     try:  # Ray's own switch (it also refreshes Ray's cached configuration); pinned Ray version
         from ray._private.authentication.authentication_token_setup import (
-            maybe_enable_token_auth_if_token_available)
+            maybe_enable_token_auth_if_token_available,
+        )
 
         return maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
     except ImportError:
@@ -282,34 +281,6 @@ def _build_replica(shard_handles, layout, replica_id, timeout_s, factory, shm_pr
     return factory(RayShardClient(shard_handles, layout, replica_id, timeout_s, shm_prefix, colocate))
 
 
-class _RayFuture(Future):
-    def __init__(self, refs, role_name: str, many: bool = False, transform=None):
-        self.refs, self.role_name, self.many, self.transform = refs, role_name, many, transform
-
-    def result(self, timeout_s: float):
-        try:
-            value = ray.get(self.refs, timeout=timeout_s)
-        except GetTimeoutError:
-            raise RemoteTimeoutError(
-                f"{self.role_name} did not answer within {timeout_s:.0f}s (raise remote_timeout_s if it is slow)"
-            ) from None
-        except RayActorError as e:
-            raise RoleFailedError(f"{self.role_name} died: {e.__class__.__name__}") from e
-        except RayTaskError as e:
-            raise RoleFailedError(f"{self.role_name} failed: {e}") from e
-        except RayError as e:
-            raise RoleFailedError(f"{self.role_name}: {e}") from e
-        return self.transform(value) if self.transform else value
-
-    def done(self) -> bool:
-        refs = self.refs if self.many else [self.refs]
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-        return len(ready) == len(refs)
-
-    def as_arg(self):
-        return self.refs
-
-
 class _RaySplit(SplitFuture):
     """A call made with ``num_returns = parts + 1``: every part is an object of its own, stored where the role made
     it; only the last return (the small summary) is ever fetched by the driver."""
@@ -328,283 +299,62 @@ class _RaySplit(SplitFuture):
         return self.refs[k]  # a reference: Ray moves the bytes from the producer to the consumer
 
 
-class _RayLink:
-    """A primary shard's link to its backup actor (ps/replication.py); built in the driver, used in the primary's
-    process. ``call`` waits for the backup's answer (at most ``timeout_s``); ``push`` only sends, and returns the
-    reference to the backup's acknowledgement, which the replica that pushed waits for (runtime/forwarded.py)."""
-
-    def __init__(self, handle, name: str, timeout_s: float):
-        self.handle, self.name, self.timeout_s = handle, name, timeout_s
-        self._same_node: bool | None = None  # whether the backup can map this machine's files (asked once)
-
-    def call(self, method: str, *args):
-        return _RayFuture(self.handle.call.remote(method, *args), self.name).result(self.timeout_s)
-
-    def push(self, grad, offset: int, based_on_version: int, num_examples: int, session: int, seq: int, mapped,
-             rows=None):
-        extra = (rows,) if rows is not None else ()  # a model's table rows travel as an argument: they are small
-        if mapped is not None and self._same_node is None:
-            here = ray.get_runtime_context().get_node_id()
-            self._same_node = _RayFuture(self.handle.node_id.remote(), self.name).result(self.timeout_s) == here
-        if mapped is not None and self._same_node:
-            # The whole gradient is in a replica's buffer in /dev/shm: the backup reads its range there (as we did)
-            # instead of receiving a copy; the replica rewrites the buffer only after both acknowledged it.
-            path, size = mapped
-            return self.handle.push_shm.remote(path, size, -1, 0, based_on_version, num_examples, session, seq,
-                                               *extra)
-        return self.handle.call.remote("push", -1, grad, offset, based_on_version, num_examples, session, seq,
-                                       *extra)
-
-    def version_of(self, ack, wait: bool) -> int | None:
-        if not wait and not ray.wait([ack], timeout=0)[0]:
-            return None
-        return _RayFuture(ack, self.name).result(self.timeout_s)
-
-    def handoff(self, ack):
-        return ack  # calls from one process to one actor run in order: the backup applies them in ours
-
-
-class _ShardCalls(Future):
-    """One call per shard. A call to a shard that died is re-sent to its replacement, within the timeout."""
-
-    def __init__(self, client: "RayShardClient", method: str, args: list[tuple], transform=None,
-                 actor_method: str = "call"):
-        """``actor_method``: "call" runs ``method`` on the shard object; "push_shm" / "fetch_shm" /
-        "push_fetch_shm" are the shared-memory data plane's actor methods (``method`` then only names the call
-        in errors)."""
-        self.client, self.method, self.args, self.transform = client, method, args, transform
-        self.actor_method = actor_method
-        self.handles = list(client.handles)
-        self.refs = [self._send(h, a) for h, a in zip(self.handles, args)]
-        self.many = True
-
-    def _send(self, handle, args: tuple):
-        if self.actor_method == "call":
-            return handle.call.remote(self.method, *args)
-        return getattr(handle, self.actor_method).remote(*args)
-
-    def result(self, timeout_s: float):
-        deadline = time.monotonic() + timeout_s
-        out = []
-        for k in range(len(self.refs)):
-            while True:
-                try:
-                    reply = ray.get(self.refs[k], timeout=max(0.0, deadline - time.monotonic()))
-                    value, resend = forwarded.settle(reply, deadline, f"parameter shard {k}")
-                    if resend:  # the primary died after answering, before its backup's acknowledgement was read
-                        self.handles[k] = self.client.await_replacement(k, self.handles[k], deadline)
-                        self.refs[k] = self._send(self.handles[k], self.args[k])
-                        continue
-                    out.append(value)
-                    break
-                except GetTimeoutError:
-                    raise RemoteTimeoutError(
-                        f"parameter shard {k} did not answer {self.method} within {timeout_s:.0f}s "
-                        f"(raise remote_timeout_s if it is slow)") from None
-                except RayActorError:
-                    self.handles[k] = self.client.await_replacement(k, self.handles[k], deadline)
-                    self.refs[k] = self._send(self.handles[k], self.args[k])
-                except RayTaskError as e:
-                    raise RoleFailedError(f"parameter shard {k} failed in {self.method}: {e}") from e
-                except ObjectLostError:
-                    # The reply lived in the object store of a node that just died. Ask again: a live shard
-                    # answers (a re-sent push is recognised by its sequence number), a dead one raises
-                    # RayActorError above and we wait for its replacement.
-                    if time.monotonic() >= deadline:
-                        raise RoleFailedError(f"parameter shard {k}: reply to {self.method} lost") from None
-                    self.handles[k] = self.client.handles[k]
-                    self.refs[k] = self._send(self.handles[k], self.args[k])
-        return self.transform(out) if self.transform else out
-
-    def done(self) -> bool:
-        ready, _ = ray.wait(list(self.refs), num_returns=len(self.refs), timeout=0)
-        return len(ready) == len(self.refs)
-
-    def as_arg(self):
-        return self.refs
-
-
 class RayShardClient(ShardClient):
+    """A replica's (or the driver's) client of the shards on Ray: the bookkeeping every transport shares (versions,
+    sequence numbers, a push's table rows checked and split by shard once, acknowledgements) over one transport
+    (runtime/transports/), the fastest that works where the client runs."""
+
     def __init__(self, shard_handles, layout, replica_id: int, timeout_s: float = 120.0,
                  shm_prefix: str | None = None, colocate: bool = True):
         super().__init__(shard_handles, layout)
         self.replica_id, self.timeout_s = replica_id, timeout_s
-        # On one node the object store is shared memory, so a single put serves every shard; across nodes each
-        # shard must receive only its own range (sending it the whole vector would multiply network traffic).
-        self.single_node = sum(1 for n in ray.nodes() if n.get("Alive")) == 1
-        # On one node, with a prefix from the runtime, the bulk bytes skip the object store (runtime/shm.py).
-        self.shm_paths: dict[str, str] = {}
-        if shm_prefix and self.single_node and shm.available() and shm.has_room(3 * 4 * layout.total):
-            base = f"{shm.SHM_DIR}/{shm_prefix}-r{replica_id}-{self.session:x}"
-            self.shm_paths = {"fetch": f"{base}-fetch", "push0": f"{base}-push0", "push1": f"{base}-push1"}
-            self._shm_bufs = {k: shm.create(p, layout.total) for k, p in self.shm_paths.items()}
-            self._next_push_buf = 0
-            # What a fetch returns: each shard's range of the fetch buffer (views, fixed for the buffer's life).
-            fetch_buf = self._shm_bufs["fetch"]
-            self._fetch_parts = [(lo, fetch_buf[lo:hi])
-                                 for lo, hi in map(layout.range, range(len(self.handles)))]
-        # Co-located updates (ps/colocated.py): on one machine, apply our pushes to the shards' memory ourselves.
-        self.shm_base = f"{shm.SHM_DIR}/{shm_prefix}" if shm_prefix else None  # where shared shards put state
-        self.colocated: list | None = None
-        self._swap = threading.Lock()  # a shard's replacement vs the loop's update of it
-        self._broken: Exception | None = None
-        # (the shards' state takes params + optimizer state, about 2 x 4 bytes x parameters, in /dev/shm)
-        if self.shm_paths and colocate and replica_id >= 0 and shm.has_room(2 * 4 * layout.total):
-            descriptors = _RayFuture([h.call.remote("share", self.shm_base, timeout_s) for h in self.handles],
-                                     "parameter shards", many=True).result(timeout_s)
-            if all(d is not None for d in descriptors):
-                self.colocated = [ColocatedShard(d, timeout_s) for d in descriptors]
+        self.transport = transports.choose(self, shm_prefix, colocate)
 
-    # -- co-located updates: every shard's update and read happen here, under its lock (ps/colocated.py)
-    def _colocated_step(self, grad, versions, num_examples: int, out, rows=None) -> tuple[list[int], list[int]]:
-        """Push ``grad`` (None: none; ``rows``: its table rows) to every shard and copy its parameters into
-        ``out`` (None: no fetch); ``(versions after the push, versions copied)``."""
-        if self._broken is not None:
-            raise self._broken
-        g = None if grad is None else (grad.numpy() if hasattr(grad, "numpy") else grad)
-        per_shard = self._split_push_rows(rows)
-        pushed, fetched = [], []
-        for k in range(len(self.handles)):
-            with self._swap:
-                col = self.colocated[k]
-                p, f, due = col.push_fetch(g, versions[k] if versions else 0, num_examples, out, per_shard[k])
-            pushed.append(p)
-            fetched.append(f)
-            if due:  # the shard's process writes it in the background; nothing to wait for
-                self.handles[k].call.remote("request_snapshot")
-        if g is not None:
-            self._ack(pushed)
-        return pushed, fetched
+    @property
+    def colocated(self) -> list | None:
+        return getattr(self.transport, "shards", None)
 
-    def replace_shard(self, shard_id: int, handle):
-        """Install a restarted shard; returns the highest version this client had from the old one (final: with
-        co-located updates it is read as the switch happens, so no later update to the old memory is missed)."""
-        if self.colocated is None:
-            return super().replace_shard(shard_id, handle)
-        try:
-            descriptor = _RayFuture(handle.call.remote("share", self.shm_base, self.timeout_s),
-                                    f"parameter shard {shard_id}").result(self.timeout_s)
-            new = ColocatedShard(descriptor, self.timeout_s) if descriptor else None
-        except (RoleFailedError, RemoteTimeoutError) as e:
-            new, err = None, e
-        else:
-            err = RoleFailedError(f"restarted parameter shard {shard_id} cannot be shared")
-        with self._swap:
-            old = self.colocated[shard_id].acked
-            if new is None:
-                self._broken = RoleFailedError(f"could not take restarted parameter shard {shard_id}: {err}")
-            else:
-                self.colocated[shard_id].close()
-                self.colocated[shard_id] = new
-            super().replace_shard(shard_id, handle)
-        return old
+    @property
+    def transport_name(self) -> str:
+        return self.transport.name
 
-    def fetch_async(self) -> Future:
-        if self.colocated is not None:
-            _, versions = self._colocated_step(None, None, 0, self._shm_bufs["fetch"])
-            return Done((self._fetch_parts, versions))
-        if self.shm_paths:
-            n = len(self.handles)
-
-            def from_buffer(versions):  # the caller copies these views before it fetches again
-                return self._fetch_parts, list(versions)
-
-            return _ShardCalls(self, "fetch", [(self.shm_paths["fetch"], self.layout.total, self.replica_id)] * n,
-                               transform=from_buffer, actor_method="fetch_shm")
-
-        los = [self.layout.range(k)[0] for k in range(len(self.handles))]
-
-        def split(values):
-            return [(lo, v[0]) for lo, v in zip(los, values)], [v[1] for v in values]
-
-        return _ShardCalls(self, "fetch", [(self.replica_id,)] * len(self.handles), transform=split)
-
-    def shared_buffers(self):
-        if not self.shm_paths:
-            return None
-        return self._shm_bufs["fetch"], self._shm_bufs["push0"]
-
-    def _fetch_rows_calls(self, per_shard: list[list]) -> Future:
-        if self.colocated is not None:  # read under each shard's lock, here
-            if self._broken is not None:
-                raise self._broken
-            replies = []
-            for k in range(len(self.handles)):
-                with self._swap:
-                    replies.append(self.colocated[k].fetch_rows(per_shard[k]))
-            return Done(replies)
-        return _ShardCalls(self, "fetch_rows", [(per_shard[k], self.replica_id) for k in range(len(self.handles))])
-
-    def push_fetch_async(self, grad, versions, num_examples: int, rows=None) -> Future:
-        if self.colocated is not None:
-            _, fetched = self._colocated_step(grad, versions, num_examples, self._shm_bufs["fetch"], rows)
-            return Done((self._fetch_parts, fetched))
-        if not self.shm_paths:
-            return super().push_fetch_async(grad, versions, num_examples, rows)
+    def _prepare(self, grad, versions, rows) -> tuple:
         g = grad.numpy() if hasattr(grad, "numpy") else grad
         vs = [versions[k] if versions else 0 for k in range(len(self.handles))]
-        push_args = self._shm_push_args("push0", g, vs, num_examples, self.next_seq(), self._row_args(rows))
-        self._next_push_buf = 1  # a plain push after this one must not reuse push0 while a shard may read it
-        args = [(a[0], self.shm_paths["fetch"], *a[1:]) for a in push_args]
+        return g, vs, self.next_seq(), (None if rows is None else self._split_push_rows(rows))
 
-        def unpack(replies):
-            self._ack([r[0] for r in replies])
-            return self._fetch_parts, [r[1] for r in replies]
+    def _acked(self, versions_after):
+        self._ack(versions_after)
+        return versions_after
 
-        return _ShardCalls(self, "push+fetch", args, transform=unpack, actor_method="push_fetch_shm")
-
-    def _row_args(self, rows) -> list[tuple]:
-        """Per shard, the trailing push arguments that carry its part of ``rows`` (a model's table rows travel as
-        arguments: they are small); none at all for a push without rows."""
-        if rows is None:
-            return [()] * len(self.handles)
-        return [(part,) for part in self._split_push_rows(rows)]
-
-    def _shm_push_args(self, key: str, g, vs, num_examples: int, seq: int, row_args: list[tuple]) -> list[tuple]:
-        """Put gradient ``g`` into push buffer ``key`` (no copy if ``g`` is that buffer: a replica bound to
-        ``shared_buffers()`` computed it in place) and return each shard's ``push_shm`` arguments (``row_args``:
-        ``_row_args`` of the push)."""
-        buf = self._shm_bufs[key]
-        if g.ctypes.data != buf.ctypes.data:
-            np.copyto(buf, g)
-        return [(self.shm_paths[key], self.layout.total, self.replica_id, 0, vs[k], num_examples, self.session, seq,
-                 *row_args[k]) for k in range(len(self.handles))]
+    def fetch_async(self) -> Future:
+        return self.transport.fetch()
 
     def push_async(self, grad, versions, num_examples: int, rows=None) -> Future:
-        if self.colocated is not None:
-            return Done(self._colocated_step(grad, versions, num_examples, None, rows)[0])
-        g = grad.numpy() if hasattr(grad, "numpy") else grad
-        n = len(self.handles)
-        vs = [versions[k] if versions else 0 for k in range(n)]
-        seq = self.next_seq()
-        extra = self._row_args(rows)  # checked and split once, before anything is sent
-        if self.shm_paths:
-            # The previous push was acknowledged before this one starts (the replica's back-pressure); buffers
-            # alternate anyway, so a buffer is rewritten only two pushes after it was sent.
-            key = f"push{self._next_push_buf}"
-            self._next_push_buf ^= 1
-            args = self._shm_push_args(key, g, vs, num_examples, seq, extra)
+        g, vs, seq, per_shard = self._prepare(grad, versions, rows)
+        return _Mapped(self.transport.push(g, vs, num_examples, seq, per_shard), self._acked)
 
-            def ack_shm(versions_after):
-                self._ack(versions_after)
-                return versions_after
+    def push_fetch_async(self, grad, versions, num_examples: int, rows=None) -> Future:
+        if not self.transport.fuses_push_fetch:  # a push, then a fetch
+            return super().push_fetch_async(grad, versions, num_examples, rows)
+        g, vs, seq, per_shard = self._prepare(grad, versions, rows)
+        fused = self.transport.push_fetch(g, vs, num_examples, seq, per_shard)
 
-            return _ShardCalls(self, "push", args, transform=ack_shm, actor_method="push_shm")
-        if self.single_node and n > 1:
-            # One object-store put shared by all shards: each maps the same memory and reads its own range.
-            # The future keeps the reference alive, so a push can be re-sent to a restarted shard.
-            ref = ray.put(g)
-            args = [(self.replica_id, ref, 0, vs[k], num_examples, self.session, seq, *extra[k]) for k in range(n)]
-        else:
-            # Each slice is serialised into the object store right here, so the caller may reuse its buffer.
-            args = [(self.replica_id, g[lo:hi], lo, vs[k], num_examples, self.session, seq, *extra[k])
-                    for k, (lo, hi) in enumerate(self.layout.range(j) for j in range(n))]
+        def unpack(reply):
+            self._ack(reply[0])
+            return reply[1]
 
-        def ack(versions_after):
-            self._ack(versions_after)
-            return versions_after
+        return _Mapped(fused, unpack)
 
-        return _ShardCalls(self, "push", args, transform=ack)
+    def _fetch_rows_calls(self, per_shard: list[list]) -> Future:
+        return self.transport.fetch_rows(per_shard)
+
+    def shared_buffers(self):
+        return self.transport.shared_buffers()
+
+    def replace_shard(self, shard_id: int, handle):
+        """Install a restarted shard; returns the highest version this client had from the old one."""
+        return self.transport.replace_shard(shard_id, handle)
 
 
 def _warn(message: str, log: Callable[[str], None] | None) -> None:
@@ -759,8 +509,8 @@ class RayRuntime(Runtime):
         role.node_hint = getattr(strategy, "node_id", None)  # the node it was asked to go to, if one
         return role
 
-    def backup_link(self, backup: Role) -> "_RayLink":
-        return _RayLink(backup.handle, f"backup of parameter shard {backup.role_id}", self.remote_timeout_s)
+    def backup_link(self, backup: Role) -> BackupLink:
+        return BackupLink(backup.handle, f"backup of parameter shard {backup.role_id}", self.remote_timeout_s)
 
     def create_replica(self, replica_id, factory, shards, layout, threads) -> Role:
         handles = [s.handle for s in shards]

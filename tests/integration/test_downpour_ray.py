@@ -89,6 +89,7 @@ def test_ray_shared_memory_plane_equals_the_object_store_path_bit_for_bit(toy_da
     assert prefixes[0] and prefixes[1] and prefixes[2] is None
     assert not _shm_files(prefixes[0]) and not _shm_files(prefixes[1])
     assert [r.summary["replicas_colocated"] for r in results] == [1, 0, 0]
+    assert [r.summary["replica_transports"] for r in results] == [{"colocated": 1}, {"shared-memory": 1}, {"object-store": 1}]
     assert torch.equal(results[0].flat_params, results[1].flat_params)
     assert torch.equal(results[0].flat_params, results[2].flat_params)
     for r in results:

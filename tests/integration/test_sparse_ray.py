@@ -26,6 +26,8 @@ def test_every_data_plane_serves_table_rows_bit_for_bit_as_in_process():
         finally:
             rt.shutdown()
     assert [r.summary["replicas_colocated"] for r in results] == [1, 0, 0]
+    assert [r.summary["replica_transports"] for r in results] == [{"colocated": 1}, {"shared-memory": 1}, {"object-store": 1}]
+    assert ref.summary["replica_transports"] == {"in-process": 1}
     for r in results:
         assert torch.equal(r.flat_params, ref.flat_params)
         assert r.summary["updates_per_shard"] == [10, 10]
