@@ -162,6 +162,7 @@ class LocalUpdates:
 
     acked: list[int] = []
     colocated = None
+    transport_name = "none"
 
     def __init__(self, params: torch.Tensor, optimizer):
         self.params, self.optimizer = params, optimizer
