@@ -13,7 +13,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from distbelief.config import LOCAL_STRATEGIES, RunConfig, config_from
+from distbelief.config import APPLIES_TO, LOCAL_STRATEGIES, RunConfig, config_from, ignored_by_strategy
 from distbelief.exceptions import ConfigError
 from distbelief.metrics import DIVERGENCE_CEILING, RunRecorder
 from distbelief.summary import RunSummary
@@ -259,6 +259,11 @@ def train(
     if isinstance(runtime, str):  # runtime="inprocess" is a setting, not an instance
         settings["runtime"], runtime = runtime, None
     cfg = config_from(settings, config).validate()
+    for name in ignored_by_strategy(settings, cfg.strategy):  # those given here; the CLI warns of its own
+        import warnings
+
+        warnings.warn(f"{name} has no effect with strategy {cfg.strategy!r} (it is read by: "
+                      f"{', '.join(APPLIES_TO[name])})", stacklevel=2)
     from distbelief.testing.faults import Faults
 
     faults = (faults or Faults()).validate(cfg.replicas_started, cfg.shards, cfg.partitions)
@@ -459,7 +464,7 @@ def task_parts(cfg: RunConfig) -> TaskJob:
     from distbelief.data.tasks import TaskSpec, load_task, load_train
     from distbelief.models import build_model
 
-    spec = TaskSpec(cfg.task, cfg.num_samples, cfg.num_classes, cfg.seed, class_prior=cfg.class_prior,
+    spec = TaskSpec(cfg.task, cfg.num_samples, cfg.num_classes or 0, cfg.seed, class_prior=cfg.class_prior,
                     ctr_max_rows=cfg.ctr_max_rows if cfg.task == "ctr" else 0).resolved()
     task = load_task(spec)  # generates and caches once, here, before any worker starts
     model_fn = partial(build_model, cfg.model, task.input_shape, task.num_classes, cfg.partitions,

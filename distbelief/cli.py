@@ -57,7 +57,8 @@ def _add_train(sub) -> None:
     for f in sorted(fields(RunConfig), key=lambda f: order[f.name]):
         g = groups[section_of(f.name)]
         flag = "--" + f.name.replace("_", "-")
-        help_text = FIELD_HELP.get(f.name, "") + f" [default: {getattr(defaults, f.name)!r}]"
+        default = getattr(defaults, f.name)  # None: the help text says what the default is
+        help_text = FIELD_HELP.get(f.name, "") + ("" if default is None else f" [default: {default!r}]")
         if f.type in (bool, "bool"):
             on = getattr(defaults, f.name)
             g.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
@@ -89,7 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("figure", choices=("fig3", "fig4", "fig5", "throughput"))
     p.add_argument("--out", required=True, help="directory for results.json, the figures and the runs")
     p.add_argument("--cores", type=int, default=None,
-                   help="cores to use (default: all of this machine's); fig5 sweeps 1, 2, 4, ... up to it")
+                   help="fig3/fig4/fig5: cores to use (default: all of this machine's); fig5 sweeps 1, 2, 4, ... up "
+                        "to it. A command refuses the options it does not read")
     p.add_argument("--quick", action="store_true", help="a reduced sweep on tiny sizes (minutes; mechanics only)")
     p.add_argument("--max-seconds", type=float, default=None,
                    help="fig4/fig5/throughput: budget per run (default: fig4/fig5 the recipe's, throughput 40)")
@@ -171,17 +173,35 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     return cfg.validate()
 
 
+# The options of each bench command beyond --out and --quick; one given to a command that does not read it is
+# refused (not silently ignored).
+BENCH_OPTIONS = {
+    "fig3": ("cores", "steps"),
+    "fig4": ("cores", "max_seconds", "methods", "address"),
+    "fig5": ("cores", "max_seconds", "methods"),
+    "throughput": ("max_seconds", "methods", "models", "address", "repeats"),
+}
+
+
+def _refuse_unread_bench_options(args: argparse.Namespace) -> None:
+    """ConfigError naming the first option given that ``bench FIGURE`` does not read, and the commands that do."""
+    for name in sorted({n for names in BENCH_OPTIONS.values() for n in names}):
+        if getattr(args, name) is None or name in BENCH_OPTIONS[args.figure]:
+            continue
+        if name == "address" and args.figure in ("fig3", "fig5"):
+            raise ConfigError("address", f"bench {args.figure} pins this machine's cores; --address is for "
+                                         f"throughput and fig4")
+        readers = [f for f, names in BENCH_OPTIONS.items() if name in names]
+        raise ConfigError(name, f"is not an option of bench {args.figure} (it would be ignored); it is read by "
+                                f"bench {', '.join(readers)}")
+
+
 def _bench(args: argparse.Namespace) -> int:
     import os
 
+    _refuse_unread_bench_options(args)
     if args.figure == "throughput":
         return _bench_throughput(args)
-    for name in ("models", "repeats"):
-        if getattr(args, name) is not None:
-            raise ConfigError(name, f"is an option of bench throughput, not of {args.figure}")
-    if args.address and args.figure != "fig4":
-        raise ConfigError("address", f"bench {args.figure} pins this machine's cores; --address is for "
-                                     f"throughput and fig4")
     cores = args.cores if args.cores is not None else (os.cpu_count() or 1)
     have = os.cpu_count() or 1
     if not 1 <= cores <= have:
@@ -207,9 +227,6 @@ def _bench(args: argparse.Namespace) -> int:
 def _bench_throughput(args: argparse.Namespace) -> int:
     """``bench throughput``: runs on the whole machine (its targets are ratios measured on it), prints the
     Markdown table for benchmarks/RESULTS.md on stdout and the progress on stderr."""
-    for name in ("cores", "steps"):
-        if getattr(args, name) is not None:
-            raise ConfigError(name, "is not an option of bench throughput")
     from distbelief.bench.throughput import run_throughput
 
     out = Path(args.out)

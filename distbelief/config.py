@@ -28,8 +28,8 @@ from distbelief.ps.rules import RULES, has_torch_optimizer
 
 __all__ = [
     "APPLIES_TO", "CONSISTENCY_MODES", "DURABILITY_MODES", "EVALUATION_MODES", "FIELD_HELP", "LOCAL_STRATEGIES",
-    "RUNTIMES", "RunConfig", "OPTIMIZERS", "SECTIONS", "STRATEGIES", "config_from", "ignored_by_strategy", "load_toml",
-    "saved_run_values", "section_of",
+    "RANGES", "RUNTIMES", "RunConfig", "OPTIMIZERS", "SECTIONS", "STRATEGIES", "config_from", "ignored_by_strategy",
+    "load_toml", "saved_run_values", "section_of",
 ]
 
 STRATEGIES = ("sgd", "sync", "downpour", "sandblaster", "hogwild", "ddp")
@@ -42,10 +42,74 @@ EVALUATION_MODES = ("auto", "paused", "concurrent")
 RUNTIMES = ("ray", "inprocess")
 
 
-def _at_least(cfg: RunConfig, name: str, minimum: float = 1) -> None:
-    v = getattr(cfg, name)
-    if not isinstance(v, (int, float)) or isinstance(v, bool) or v < minimum or not math.isfinite(v):
-        raise ConfigError(name, f"must be >= {minimum}, got {v!r}")
+# ---------------------------------------------------------------- the values of every numeric setting
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric setting takes: from ``low`` (excluded when ``open_low``) up to ``high``."""
+
+    low: float
+    open_low: bool = False
+    high: float = math.inf
+
+    def admits(self, v: float) -> bool:
+        return (v > self.low if self.open_low else v >= self.low) and v <= self.high
+
+    def describe(self, integer: bool) -> str:
+        kind = "an integer" if integer else "a number"
+        low, high = (int(x) if float(x).is_integer() else x for x in (self.low, self.high))
+        if self.high < math.inf:
+            return f"{kind} in {'(' if self.open_low else '['}{low}, {high}]"
+        return f"{kind} {'>' if self.open_low else '>='} {low}"
+
+
+# Every int and float setting of RunConfig and its values, checked in one place (RunConfig._check_numbers, the
+# first step of normalized()); tests/unit/test_config_validation.py fails for a numeric setting missing here. A
+# setting whose default is None ("auto": its value depends on the task, model or strategy, or on the machine)
+# takes None for that default; 0 or a negative value never stands for it. 0 is allowed where it has a meaning of
+# its own, said next to it.
+RANGES: dict[str, Range] = {
+    "num_samples": Range(20),  # train + test, 20% test: fewer leaves no test set to speak of
+    "num_classes": Range(2),  # speech: at most 8192 (checked with the task)
+    "class_prior": Range(0),  # 0: balanced classes (a Zipf exponent)
+    "ctr_max_rows": Range(1),  # at most 2^24 (checked with the task: _check_ctr)
+    "replicas": Range(1),
+    "max_replicas": Range(0),  # 0: a fixed replica count (not elastic)
+    "shards": Range(1),
+    "partitions": Range(1),
+    "fetch_every": Range(1),
+    "push_every": Range(1),
+    "lr": Range(0, open_low=True),
+    "local_lr": Range(0),  # 0: no local step between fetches (the paper's experiments)
+    "adagrad_eps": Range(0, open_low=True),
+    "adagrad_initial_accumulator": Range(0),  # 0: torch's Adagrad default
+    "batch_size": Range(1),
+    "warmstart_steps": Range(0),  # 0: no warmstart, every replica starts at once
+    "staleness_bound": Range(0),  # 0: lockstep without a barrier
+    "backup_replicas": Range(0),  # 0: no backup replicas
+    "max_steps": Range(0),  # 0: no step limit (another stop condition must be set)
+    "max_seconds": Range(0),  # 0: no time limit (another stop condition must be set)
+    "target_accuracy": Range(0, high=1),  # 0: no target
+    "target_auc": Range(0, high=1),  # 0: no target; else (0.5, 1] (checked with the task: _check_target_auc)
+    "eval_every_seconds": Range(0, open_low=True),
+    "eval_samples": Range(0),  # 0: the whole test set
+    "train_eval_samples": Range(0),  # 0: no training accuracy
+    "metrics_port": Range(0, high=65535),  # 0: no metrics server
+    "seed": Range(0),  # 0 is a seed like any other; numpy's generators refuse negative ones
+    "threads": Range(1),
+    "max_replica_restarts": Range(0),  # 0: a dead replica is not restarted
+    "remote_timeout_s": Range(0, open_low=True),
+    "checkpoint_every_seconds": Range(0),  # 0: no snapshots by time
+    "checkpoint_every_updates": Range(0),  # 0: no snapshots by update count
+    "log_max_mb": Range(0, open_low=True),
+    "max_shard_restarts": Range(0),  # 0: a dead shard is not restarted
+    "lbfgs_batch": Range(1),
+    "portion_size": Range(1),
+    "history": Range(1),
+    "push_every_portions": Range(1),
+}
+# The type of a numeric field (its annotation is a string: ``from __future__ import annotations``) -> whether it
+# is an integer.
+NUMBER_TYPES = {"int": True, "int | None": True, "float": False, "float | None": False}
 
 
 @dataclass
@@ -53,8 +117,9 @@ class RunConfig:
     # what to train
     task: str = "mnist1d"
     model: str = "mlp"
-    num_samples: int = 0  # 0: the task's default (distbelief/defaults.py)
-    num_classes: int = 0
+    # None ("auto"): the value distbelief/defaults.py gives for the task, model and strategy (normalized())
+    num_samples: int | None = None
+    num_classes: int | None = None  # None: the task's (speech: the model's)
     class_prior: float = 0.0
     ctr_max_rows: int = 200_000  # ctr: cap on each categorical field's rows (data/ctr.py CTR_MAX_ROWS)
     # how
@@ -66,11 +131,11 @@ class RunConfig:
     fetch_every: int = 1
     push_every: int = 1
     optimizer: str = "auto"
-    lr: float = 0.0
+    lr: float | None = None
     local_lr: float = 0.0
     adagrad_eps: float = 1e-10
     adagrad_initial_accumulator: float = 0.0
-    batch_size: int = 0
+    batch_size: int | None = None
     warmstart_steps: int = 0
     init_params: str = ""
     overlap: bool = False
@@ -94,7 +159,7 @@ class RunConfig:
     tensorboard: bool = False
     address: str = ""
     runtime: str = "ray"
-    threads: int = 0
+    threads: int | None = None  # None: cores / replicas, when the run starts
     device: str = "cpu"
     max_replica_restarts: int = 3
     remote_timeout_s: float = 120.0
@@ -105,8 +170,8 @@ class RunConfig:
     log_max_mb: float = 1024.0
     max_shard_restarts: int = 5
     # Sandblaster L-BFGS (strategy = "sandblaster")
-    lbfgs_batch: int = 0
-    portion_size: int = 0
+    lbfgs_batch: int | None = None
+    portion_size: int | None = None
     history: int = 10
     push_every_portions: int = 4
     backup_tasks: bool = True
@@ -120,9 +185,10 @@ class RunConfig:
     def normalized(self) -> RunConfig:
         """A copy of this config with its derived settings filled in (this config is not changed):
 
-        - 0 ("auto") in ``num_classes``, ``lr``, ``batch_size``, ``lbfgs_batch`` and ``portion_size`` becomes
-          the value of ``distbelief.defaults`` for the task, model and strategy (so config.toml records what the
-          run really used); a value the user set is kept;
+        - None ("auto") in ``num_samples``, ``num_classes``, ``lr``, ``batch_size``, ``lbfgs_batch`` and
+          ``portion_size`` becomes the value of ``distbelief.defaults`` for the task, model and strategy (so
+          config.toml records what the run really used); a value the user set is kept (``num_classes`` stays None
+          where the data decides it, and ``threads`` until the run starts);
         - ``optimizer = "auto"`` becomes Adagrad on a parameter server (downpour, sync: the paper's choice) and
           plain SGD otherwise (sgd, hogwild, ddp; sandblaster does not read it);
         - ``strategy = "sgd"`` is one process by definition: its ``replicas`` becomes 1 (the count is not used);
@@ -132,10 +198,11 @@ class RunConfig:
           there, where every strategy's stop rule reads it.
 
         Raises ConfigError for a setting these depend on that is not valid: an unknown choice (task, model,
-        strategy, ...), an "auto" setting that is negative or not an integer, ``replicas`` < 1. Normalising a
-        normalised config changes nothing.
+        strategy, ...), or any numeric setting out of its range (``RANGES``: e.g. ``batch_size = 0``, which is not
+        read as the default). Normalising a normalised config changes nothing.
         """
         self._check_choices()
+        self._check_numbers()
         cfg, changes = self, {}
         if self.consistency == "sync" and self.strategy == "downpour":
             changes["strategy"] = "sync"
@@ -146,7 +213,6 @@ class RunConfig:
         if changes:
             cfg = dataclasses.replace(self, **changes)
         changes.update(cfg._resolved_defaults())
-        _at_least(self, "replicas")
         if self.strategy == "sgd" and self.replicas != 1:
             changes["replicas"] = 1
         return dataclasses.replace(self, **changes)
@@ -185,36 +251,44 @@ class RunConfig:
                                             f"({self.target_accuracy}), not both: for task ctr both are the AUC")
         return True
 
+    def _check_numbers(self) -> None:
+        """Every numeric setting is a number of its type within its ``RANGES`` (None, where that is the
+        setting's default, stands for the default); ConfigError naming the first that is not."""
+        for f in fields(self):
+            integer = NUMBER_TYPES.get(f.type)
+            if integer is None:
+                continue
+            v, rule = getattr(self, f.name), RANGES[f.name]
+            if v is None and f.default is None:
+                continue
+            number = isinstance(v, int) if integer else isinstance(v, (int, float)) and math.isfinite(v)
+            if isinstance(v, bool) or not number or not rule.admits(v):
+                unset = "; leave it out for the default" if f.default is None else ""
+                raise ConfigError(f.name, f"must be {rule.describe(integer)}, got {v!r}{unset}")
+
     def _resolved_defaults(self) -> dict[str, Any]:
-        """The settings whose good value depends on the model and strategy and that are 0 ("auto"), with the value
-        of ``distbelief.defaults``: ``{name: value}``. A value the user set is not in it."""
+        """The settings whose good value depends on the model and strategy and that are None ("auto"), with the
+        value of ``distbelief.defaults``: ``{name: value}``. A value the user set is not in it."""
         import distbelief.defaults as defaults
 
-        for name in ("num_samples", "num_classes", "batch_size", "lbfgs_batch", "portion_size"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise ConfigError(name, f"must be an integer >= 0 (0 = the default for the model and strategy), "
-                                        f"got {v!r}")
-        if not (isinstance(self.lr, (int, float)) and not isinstance(self.lr, bool) and math.isfinite(self.lr)
-                and self.lr >= 0):
-            raise ConfigError("lr", f"must be > 0, or 0 for the recommended rate of the model, strategy and "
-                                    f"server optimizer; got {self.lr!r}")
         out: dict[str, Any] = {}
         optimizer = self.optimizer
         if optimizer == "auto":
             optimizer = out["optimizer"] = "adagrad" if self.strategy in ("downpour", "sync") else "sgd"
-        if self.num_samples == 0:
+        if self.num_samples is None:
             out["num_samples"] = defaults.default_num_samples(self.task)
-        if self.num_classes == 0:
-            out["num_classes"] = defaults.default_num_classes(self.task, self.model)
-        if self.lr == 0:
+        if self.num_classes is None:  # stays None where the data decides it (tasks other than speech)
+            num_classes = defaults.default_num_classes(self.task, self.model)
+            if num_classes is not None:
+                out["num_classes"] = num_classes
+        if self.lr is None:
             out["lr"] = defaults.recommended_lr(self.model, self.strategy, optimizer)
-        if self.batch_size == 0:
+        if self.batch_size is None:
             out["batch_size"] = defaults.default_batch_size(self.model)
         lbfgs_batch = self.lbfgs_batch
-        if lbfgs_batch == 0:
+        if lbfgs_batch is None:
             lbfgs_batch = out["lbfgs_batch"] = defaults.SANDBLASTER_BATCH
-        if self.portion_size == 0:
+        if self.portion_size is None:
             out["portion_size"] = defaults.default_portion_size(self.strategy, lbfgs_batch)
         return out
 
@@ -228,9 +302,8 @@ class RunConfig:
         return cfg
 
     def _check(self) -> None:
-        """Every check of a normalised config beyond those ``normalized()`` makes."""
-        for name in ("shards", "fetch_every", "push_every", "partitions"):
-            _at_least(self, name)
+        """Every check of a normalised config beyond those ``normalized()`` makes (the range of each numeric
+        setting alone is ``_check_numbers``, there)."""
         if self.partitions > 1:
             from distbelief.models import PARTITIONABLE
 
@@ -242,37 +315,17 @@ class RunConfig:
             if self.strategy in LOCAL_STRATEGIES:
                 raise ConfigError("partitions", f"the {self.strategy} baseline runs unpartitioned replicas; use "
                                                 f"partitions = 1")
-        _at_least(self, "num_samples", 20)
-        for name in ("warmstart_steps", "max_steps", "threads", "max_replica_restarts", "num_classes",
-                     "eval_samples", "train_eval_samples"):
-            _at_least(self, name, 0)
-        for name in ("checkpoint_every_updates", "max_shard_restarts", "metrics_port"):
-            _at_least(self, name, 0)
-        if self.metrics_port > 65535:
-            raise ConfigError("metrics_port", f"must be a TCP port (1-65535), or 0 for none; got {self.metrics_port}")
-        for name in ("max_seconds", "target_accuracy", "local_lr", "adagrad_initial_accumulator",
-                     "checkpoint_every_seconds"):
-            _at_least(self, name, 0)
-        if not (isinstance(self.log_max_mb, (int, float)) and math.isfinite(self.log_max_mb)
-                and self.log_max_mb > 0):
-            raise ConfigError("log_max_mb", f"must be > 0 (megabytes of write-ahead log per shard), got "
-                                            f"{self.log_max_mb!r}")
-        for name in ("eval_every_seconds", "remote_timeout_s", "adagrad_eps"):
-            v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
-                raise ConfigError(name, f"must be > 0, got {v!r}")
-        if self.target_accuracy > 1:
-            raise ConfigError("target_accuracy", f"is a fraction in [0, 1], got {self.target_accuracy}")
         if self.max_steps == 0 and self.max_seconds == 0 and self.target_accuracy == 0:
             raise ConfigError("max_seconds", "no stop condition: set max_seconds, max_steps or target_accuracy")
-        if self.task == "mnist1d" and self.num_classes not in (0, 10):
-            raise ConfigError("num_classes", "mnist1d has 10 classes; leave num_classes at 0")
-        if not (math.isfinite(self.class_prior) and self.class_prior >= 0):
-            raise ConfigError("class_prior", f"must be >= 0 (a Zipf exponent), got {self.class_prior!r}")
+        from distbelief.data.tasks import SHAPES
+
+        fixed = {"mnist1d": 10, "shapes": len(SHAPES)}  # the classes of these tasks' data (ctr: _check_ctr)
+        if self.task in fixed and self.num_classes not in (None, fixed[self.task]):
+            raise ConfigError("num_classes", f"{self.task} has {fixed[self.task]} classes; leave num_classes out")
         if self.class_prior and self.task != "speech":
             raise ConfigError("class_prior", f"only the speech task has a class prior; task {self.task!r} "
                                              f"needs class_prior = 0")
-        if self.task == "speech" and not 0 <= self.num_classes <= 8192:
+        if self.task == "speech" and self.num_classes > 8192:
             raise ConfigError("num_classes", f"speech supports up to 8192 classes, got {self.num_classes}")
         self._check_ctr()
         self._check_sandblaster()
@@ -321,13 +374,12 @@ class RunConfig:
         if self.model == "dlrm-small" and self.task != "ctr":
             raise ConfigError("model", f"dlrm-small reads click logs (13 dense features and 26 ids): it trains on "
                                        f"task ctr, not {self.task!r}; use task = ctr")
-        if self.task == "ctr" and self.num_classes not in (0, 2):
-            raise ConfigError("num_classes", "ctr has 2 classes (click or not; one logit); leave num_classes at 0")
+        if self.task == "ctr" and self.num_classes not in (None, 2):
+            raise ConfigError("num_classes", "ctr has 2 classes (click or not; one logit); leave num_classes out")
 
     def _check_elastic(self) -> None:
         if not self.max_replicas:
             return
-        _at_least(self, "max_replicas", 0)
         if self.max_replicas < self.replicas:
             raise ConfigError("replicas", f"MIN:MAX needs MIN <= MAX, got {self.replicas}:{self.max_replicas}")
         if self.strategy != "downpour":
@@ -338,10 +390,6 @@ class RunConfig:
                                           "partitions = 1 or a fixed replica count")
 
     def _check_consistency(self) -> None:
-        for name in ("staleness_bound", "backup_replicas"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise ConfigError(name, f"must be an integer >= 0, got {v!r}")
         if self.consistency == "ssp" and self.strategy != "downpour":
             raise ConfigError("consistency", f"ssp bounds the staleness of Downpour's replicas; the {self.strategy} "
                                              f"strategy has none to bound (use strategy = \"downpour\")")
@@ -377,10 +425,6 @@ class RunConfig:
                                         f"computes on the GPU Ray assigns it; use device = \"cuda\"")
 
     def _check_sandblaster(self) -> None:
-        for name in ("portion_size", "history", "push_every_portions"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ConfigError(name, f"must be an integer >= 1, got {v!r}")
         if self.strategy != "sandblaster":
             return
         if self.partitions > 1:
@@ -404,9 +448,9 @@ FIELD_HELP: dict[str, str] = {
     "model": "model name: mlp, mlp-small, cnn, speech-tiny, speech-small, speech-medium, speech-paper, "
              "lc1d (locally connected, mnist1d), lc-image-small, lc-image-medium (locally connected, shapes), "
              "dlrm-small (DLRM with one sparse embedding table per field; task ctr)",
-    "num_samples": "examples generated for the task (train + test; 20%% test) (0 = 40000; ctr 1000000)",
-    "num_classes": "speech only: number of classes (0 = the model's: 8192 for speech-paper, the paper's "
-                   "440-2560x4-8192; 256 for the other speech models)",
+    "num_samples": "examples generated for the task (train + test; 20%% test) [default: 40000; ctr 1000000]",
+    "num_classes": "speech only: number of classes [default: the model's: 8192 for speech-paper, the paper's "
+                   "440-2560x4-8192; 256 for the other speech models; the other tasks' data decides it]",
     "class_prior": "speech only: Zipf exponent s of the class frequencies, p(k) ~ 1/(k+1)^s (0 = balanced; "
                    "real acoustic states are highly skewed)",
     "ctr_max_rows": "ctr only: cap on the rows of each of the 26 categorical fields (Criteo's cardinalities, up "
@@ -429,15 +473,15 @@ FIELD_HELP: dict[str, str] = {
                  + "; applied by the shards for downpour and sync, by torch.optim for sgd, hogwild and ddp; auto = "
                    "adagrad for downpour and sync, sgd otherwise",
     "lr": "learning rate of the update rule (gamma for adagrad, eta for sgd), on the shards or in the sgd, "
-          "hogwild and ddp workers (0 = the recommended rate for the model, strategy and server optimizer, "
-          "from distbelief/defaults.py: e.g. mlp 0.05 with adagrad; unused by sandblaster's L-BFGS)",
+          "hogwild and ddp workers; unused by sandblaster's L-BFGS [default: the recommended rate for the model, "
+          "strategy and server optimizer, from distbelief/defaults.py: e.g. mlp 0.05 with adagrad]",
     "local_lr": "alpha: the replica's local step between fetches (0 = none, as in the paper's experiments)",
     "adagrad_eps": "epsilon added to sqrt(sum g^2) (not in the paper)",
     "adagrad_initial_accumulator": "initial value of adagrad's sum of squared gradients",
-    "batch_size": "minibatch size per replica step (0 = 32, 256 for dlrm-small; sandblaster's batch is "
-                  "lbfgs_batch)",
+    "batch_size": "minibatch size per replica step (sandblaster's batch is lbfgs_batch) [default: 32, 256 "
+                  "for dlrm-small]",
     "lbfgs_batch": "sandblaster: examples per L-BFGS iteration (the batch of its gradient; >= the training set = "
-                   "full batch) (0 = 8000)",
+                   "full batch) [default: 8000]",
     "warmstart_steps": "steps one replica trains alone before the others join",
     "init_params": "start every model from these parameters: a params.safetensors file or the run directory "
                    "holding one (e.g. a short single-process run: the paper's shared warmstart for Fig. 4)",
@@ -476,7 +520,7 @@ FIELD_HELP: dict[str, str] = {
                    "bytes pushed/fetched) to RUN_DIR/tensorboard/ for TensorBoard",
     "address": "HOST:PORT of an existing Ray cluster (default: start a local Ray)",
     "runtime": "ray (one process per role) or inprocess (threads; for tests and debugging)",
-    "threads": "torch threads per worker process (0 = cores / replicas)",
+    "threads": "torch threads per worker process [default: cores / replicas]",
     "device": "where replicas compute: cpu, cuda (on Ray: one GPU per replica, refused when the cluster has too "
               "few), cuda:N (this process's GPU N: inprocess runtime or sgd) or auto (cuda where the replica's "
               "process has a GPU, else cpu); downpour, sync and sgd only. Shards, evaluation and checkpoints "
@@ -500,7 +544,7 @@ FIELD_HELP: dict[str, str] = {
     "max_shard_restarts": "how many times a dead parameter shard is restarted from its checkpoint (or, with "
                           "durability replicate, replaced by its backup)",
     "portion_size": "sandblaster: examples per portion, the unit of work handed to a free replica (keep it much "
-                    "smaller than lbfgs_batch / replicas) (0 = lbfgs_batch / 16)",
+                    "smaller than lbfgs_batch / replicas) [default: lbfgs_batch / 16]",
     "history": "sandblaster: L-BFGS memory m, the number of (s, y) pairs kept on the shards",
     "push_every_portions": "sandblaster: a replica sends its accumulated gradient after this many portions",
     "backup_tasks": "sandblaster: near the end of a batch, also give running portions to idle replicas "
@@ -541,6 +585,11 @@ APPLIES_TO: dict[str, tuple[str, ...]] = {
     "backup_replicas": ("sync",),
     "device": ("sgd", "sync", "downpour"),
     **{name: _WITH_SERVER for name in SECTIONS["durability"]},
+    # sandblaster's shards checkpoint their vectors after every iteration: no snapshot cadence, no write-ahead log
+    **{name: ("downpour", "sync") for name in ("checkpoint_every_seconds", "checkpoint_every_updates",
+                                                 "log_max_mb")},
+    # the trainers that restart a dead replica; sgd, hogwild and ddp restart none (hogwild goes on without it)
+    "max_replica_restarts": ("downpour", "sync", "sandblaster"),
     **{name: ("sgd", "sync", "downpour", "hogwild", "ddp")
        for name in ("optimizer", "lr", "adagrad_eps", "adagrad_initial_accumulator", "batch_size")},
 }

@@ -72,7 +72,12 @@ def load_toml(path: str | Path) -> dict[str, Any]:
 # ---------------------------------------------------------------- raw values
 def coerce_value(name: str, typ, raw: Any) -> Any:
     """``raw`` (a TOML value or a command-line string) as a value of the setting ``name`` of type ``typ`` (the
-    type or, under ``from __future__ import annotations``, its name); ConfigError when it is not one."""
+    type or, under ``from __future__ import annotations``, its name); ConfigError when it is not one. A setting
+    of type ``int | None`` (None: its default) takes None, or an int."""
+    if isinstance(typ, str) and typ.endswith(" | None"):
+        if raw is None:
+            return None
+        typ = typ.removesuffix(" | None")
     try:
         if typ in (bool, "bool"):
             if isinstance(raw, bool):
@@ -131,10 +136,17 @@ def refuse_former_test_hook(name: str) -> None:
                                 "distbelief.testing.Faults(...) to train(..., faults=...)")
 
 
+# Settings whose default ("auto") was written 0 before None stood for it: an older run's config.toml holds
+# ``threads = 0`` and (for tasks other than speech) ``num_classes = 0``; 0 is refused now.
+FORMER_AUTO_ZERO = ("num_samples", "num_classes", "lr", "batch_size", "threads", "lbfgs_batch", "portion_size")
+
+
 def saved_run_values(values: dict[str, Any]) -> dict[str, Any]:
-    """The settings of a run directory's config.toml, as a resume reads them: FORMER_TEST_HOOKS dropped, and a
-    sandblaster run written before ``lbfgs_batch`` existed keeps its L-BFGS batch (it was ``batch_size``)."""
-    out = {k: v for k, v in values.items() if k not in FORMER_TEST_HOOKS}
+    """The settings of a run directory's config.toml, as a resume reads them: FORMER_TEST_HOOKS dropped, the 0 of
+    a FORMER_AUTO_ZERO setting read as its default (left out), and a sandblaster run written before
+    ``lbfgs_batch`` existed keeps its L-BFGS batch (it was ``batch_size``)."""
+    out = {k: v for k, v in values.items()
+           if k not in FORMER_TEST_HOOKS and not (k in FORMER_AUTO_ZERO and v == 0 and not isinstance(v, bool))}
     if out.get("strategy") == "sandblaster" and "batch_size" in out and "lbfgs_batch" not in out:
         out["lbfgs_batch"] = out["batch_size"]
     return out

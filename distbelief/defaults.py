@@ -1,4 +1,5 @@
-"""Settings whose good value depends on other settings: resolved by ``RunConfig.validate()`` from a 0 ("auto").
+"""Settings whose good value depends on other settings: resolved by ``RunConfig.validate()`` from None ("auto",
+the default; 0 is refused, never read as the default).
 
 Why a table and not one number: the shipped models differ by orders of magnitude in how large a step they take.
 The paper's speech model has four sigmoid layers of 2560 units; an Adagrad step of γ = 0.05 moves every one of
@@ -16,13 +17,13 @@ SPEECH_CLASSES = 256  # the small speech models' default: quick to train on one 
 PAPER_SPEECH_CLASSES = 8192  # the paper's output layer: 440-2560x4-8192, about 42M parameters
 
 
-def default_num_classes(task: str, model: str) -> int:
+def default_num_classes(task: str, model: str) -> int | None:
     """The class count of ``task`` for ``model`` when the user gave none: the paper's model gets the paper's
     8192 outputs (it *is* 440-2560x4-8192), the other speech models 256. Other tasks have a fixed count that
-    the data decides (0 stays 0: a custom dataset passed to ``train()`` has no task class count)."""
+    the data decides (None stays None: a custom dataset passed to ``train()`` has no task class count)."""
     if task == "speech":
         return PAPER_SPEECH_CLASSES if model == "speech-paper" else SPEECH_CLASSES
-    return 0
+    return None
 
 
 # ---------------------------------------------------------------- examples generated for a task
@@ -34,7 +35,7 @@ CTR_NUM_SAMPLES = 1_000_000
 
 
 def default_num_samples(task: str) -> int:
-    """The examples (train + test) that ``num_samples = 0`` means for ``task``."""
+    """The examples (train + test) that an unset ``num_samples`` means for ``task``."""
     return CTR_NUM_SAMPLES if task == "ctr" else NUM_SAMPLES
 
 
@@ -68,7 +69,7 @@ SAME_LR_AS = {"rowwise-adagrad": "adagrad"}
 
 
 def recommended_lr(model: str, strategy: str, optimizer: str) -> float:
-    """The rate that ``lr = 0`` means for this model and update rule. Sandblaster's L-BFGS takes no rate (its
+    """The rate that an unset ``lr`` means for this model and update rule. Sandblaster's L-BFGS takes no rate (its
     line search chooses every step), so it gets the rule's rate only to have a number in config.toml.
 
     Raises:
@@ -88,9 +89,9 @@ MODEL_MINIBATCH = {"dlrm-small": 256}
 
 
 def default_batch_size(model: str) -> int:
-    """The minibatch that ``batch_size = 0`` means for ``model``."""
+    """The minibatch that an unset ``batch_size`` means for ``model``."""
     return MODEL_MINIBATCH.get(model, MINIBATCH)
-# lbfgs_batch = 0: examples per L-BFGS iteration. Thousands: 32 would give a noisy gradient and a useless
+# lbfgs_batch unset: examples per L-BFGS iteration. Thousands: 32 would give a noisy gradient and a useless
 # curvature estimate.
 SANDBLASTER_BATCH = 8000
 SANDBLASTER_PORTIONS_PER_BATCH = 16  # portion = batch / 16: room for load balancing and backup tasks
@@ -100,7 +101,7 @@ UNUSED_PORTION = 64  # the other strategies have no portions; a fixed number kee
 
 
 def default_portion_size(strategy: str, lbfgs_batch: int) -> int:
-    """``portion_size = 0``: for Sandblaster a sixteenth of the L-BFGS batch (at least 1): small enough to balance the
+    """``portion_size`` unset: for Sandblaster a sixteenth of the L-BFGS batch (at least 1): small enough to balance the
     replicas and leave room for backup tasks, large enough that a portion's round trip does not dominate its
     compute. The other strategies do not use it."""
     if strategy != "sandblaster":

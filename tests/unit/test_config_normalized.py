@@ -22,7 +22,7 @@ def test_normalized_returns_a_copy_with_the_auto_settings_resolved():
 def test_validate_returns_the_normalized_config_and_changes_nothing():
     cfg = RunConfig(strategy="sgd", replicas=4)
     valid = cfg.validate()
-    assert cfg.replicas == 4 and cfg.lr == 0 and cfg.batch_size == 0
+    assert cfg.replicas == 4 and cfg.lr is None and cfg.batch_size is None
     assert valid == cfg.normalized()
     assert valid.replicas == 1  # sgd is one process
 

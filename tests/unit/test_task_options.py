@@ -54,7 +54,7 @@ def test_training_accuracy_probe_and_evaluation_subset():
 def test_speech_classes_follow_the_model_unless_given(model, classes):
     assert RunConfig(task="speech", model=model).validate().num_classes == classes
     assert RunConfig(task="speech", model=model, num_classes=64).validate().num_classes == 64
-    assert RunConfig(task="mnist1d").validate().num_classes == 0  # fixed by the data; not a knob
+    assert RunConfig(task="mnist1d").validate().num_classes is None  # fixed by the data; not a knob
 
 
 def test_auto_settings_resolve_per_model_and_strategy_and_keep_user_values():
