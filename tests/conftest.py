@@ -1,5 +1,6 @@
 import os
 import signal
+import sys
 
 import pytest
 import torch
@@ -78,6 +79,40 @@ def pytest_runtest_teardown(item, nextitem):
             import ray
 
             ray.shutdown()
+
+
+# The quick set (`-m "not slow"`) must stay quick: a test that starts Ray or takes longer than this (its setup and
+# its call) must be marked slow. A test breaking the rule fails here, naming the rule, so the quick set cannot
+# silently grow; mark it `@pytest.mark.slow` or make it faster.
+QUICK_TEST_LIMIT_S = float(os.environ.get("DISTBELIEF_QUICK_TEST_LIMIT_S", "5"))  # (the rule's own test lowers it)
+
+
+def _ray_running() -> bool:
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if call.when == "setup":
+        item.stash[_SETUP_S] = report.duration
+    if call.when != "call" or not report.passed or item.get_closest_marker("slow") is not None:
+        return report
+    spent = item.stash.get(_SETUP_S, 0.0) + report.duration
+    broken = []
+    if _ray_running():
+        broken.append("it starts Ray")
+    if spent > QUICK_TEST_LIMIT_S:
+        broken.append(f"it took {spent:.1f}s (setup + call), over the quick set's {QUICK_TEST_LIMIT_S:g}s per test")
+    if broken:
+        report.outcome = "failed"
+        report.longrepr = (f"{item.nodeid} is not marked slow but {' and '.join(broken)}: mark it "
+                           f"@pytest.mark.slow (tests/conftest.py, QUICK_TEST_LIMIT_S) or make it quicker")
+    return report
+
+
+_SETUP_S = pytest.StashKey[float]()
 
 
 @pytest.fixture(scope="session")

@@ -48,13 +48,16 @@ def test_errors_speak_flags_to_flag_users_and_toml_to_file_users(tmp_path, capsy
     assert "c.toml: [sandblaster] lr: it belongs in [run]" in capsys.readouterr().err
 
 
-def test_unknown_choice_and_unknown_config_key(tmp_path):
-    r = subprocess.run(PY + ["train", "--strategy", "hogwash"], capture_output=True, text=True, timeout=60)
-    assert r.returncode != 0 and "--strategy" in r.stderr
+def test_unknown_choice_and_unknown_config_key(tmp_path, capsys):
+    from distbelief.cli import main
+
+    with pytest.raises(SystemExit) as e:  # argparse's own error (in this process: what the console script runs)
+        main(["train", "--strategy", "hogwash"])
+    assert e.value.code == 2 and "--strategy" in capsys.readouterr().err
     cfg = tmp_path / "bad.toml"
     cfg.write_text('replicass = 3\n')
-    r = subprocess.run(PY + ["train", "--config", str(cfg)], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and "replicass: unknown setting" in r.stderr
+    assert main(["train", "--config", str(cfg)]) == 2
+    assert "replicass: unknown setting" in capsys.readouterr().err
 
 
 def test_every_setting_has_a_flag_and_the_version_is_printed():
@@ -72,6 +75,7 @@ def test_every_setting_has_a_flag_and_the_version_is_printed():
     assert r.returncode == 0 and r.stdout.strip() == f"distbelief {__version__}"
 
 
+@pytest.mark.slow
 def test_train_with_config_and_overrides_then_plot(tmp_path):
     cfg = tmp_path / "c.toml"
     cfg.write_text('strategy = "downpour"\nreplicas = 3\n[stop]\nmax_seconds = 30\n')
@@ -93,18 +97,19 @@ def test_train_with_config_and_overrides_then_plot(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_unreachable_address_fails_fast_naming_it():
     r = subprocess.run(PY + ["train", "--address", "127.0.0.1:1", "--max-seconds", "5", "--num-samples", "200"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 3 and "127.0.0.1:1" in r.stderr
 
 
+@pytest.mark.slow
 def test_progress_bar_on_a_terminal_plain_lines_without(tmp_path):
+    import fcntl
     import os
     import pty
     import select
-
-    import fcntl
     import struct
     import termios
 
@@ -176,10 +181,9 @@ def _drain(master: int) -> str:
 
 def test_progress_pieces_with_and_without_a_time_limit_on_a_pty(monkeypatch):
     """The bar itself, in this process: time left against max_seconds, or 'no time limit' without one."""
+    import fcntl
     import os
     import pty
-
-    import fcntl
     import struct
     import termios
 

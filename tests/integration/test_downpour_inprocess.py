@@ -29,6 +29,7 @@ def check_run_dir(run_dir, strategy, fields=SUMMARY_FIELDS):
     return summary, lines
 
 
+@pytest.mark.slow
 def test_mnist1d_two_replicas_two_shards_adagrad_reaches_80_percent(tmp_path):
     cfg = RunConfig(runtime="inprocess", replicas=2, shards=2, optimizer="adagrad", lr=0.05,
                     batch_size=32, max_seconds=90, target_accuracy=0.82, eval_every_seconds=2,
@@ -59,6 +60,7 @@ def test_warmstart_runs_one_replica_first(tmp_path):
     assert res.summary["updates_per_shard"] == [130, 130]
 
 
+@pytest.mark.slow
 def test_sgd_and_sync_baselines_write_the_same_run_format(tmp_path):
     for strategy in ("sgd", "sync"):
         cfg = RunConfig(runtime="inprocess", strategy=strategy, replicas=2, max_steps=50, max_seconds=0,

@@ -5,6 +5,8 @@ Shard kills on Ray are in test_downpour_ray.py (log mode, every push applied exa
 (snapshot mode with co-located updates), test_node_loss.py (a lost node; 20 failovers with replicate),
 test_partition_faults.py (partitioned runs) and test_sandblaster_ray.py."""
 
+import pytest
+
 from distbelief.api import train_task
 from tests.conftest import config_and_faults
 
@@ -30,6 +32,7 @@ def assert_recovered(summary, target=0.78):
     assert summary["rejected_pushes"] == 0
 
 
+@pytest.mark.slow
 def test_inprocess_shard_killed_is_restored_from_checkpoint_and_log(tmp_path):
     cfg, faults = shard_kill_config(tmp_path, "inprocess", batch_size=32)
     res = train_task(cfg, quiet=True, faults=faults)

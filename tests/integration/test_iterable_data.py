@@ -87,6 +87,7 @@ def test_a_replica_streams_the_positions_of_its_share_in_order_batched_and_resta
         StreamBatches(Numbers(2), 2, 3, 4).next_batch()
 
 
+@pytest.mark.slow
 def test_loader_workers_prepare_the_same_batches_in_the_same_order():
     for workers in (1, 2):
         src = StreamBatches(LoadingDataset(Numbers(23), Loading(None, workers)), 1, 2, 3)
@@ -94,6 +95,7 @@ def test_loader_workers_prepare_the_same_batches_in_the_same_order():
         assert src.epochs == 3
 
 
+@pytest.mark.slow
 def test_downpour_learns_from_a_stream_as_from_the_same_examples_in_a_map_style_dataset():
     run = dict(strategy="downpour", runtime="inprocess", replicas=2, shards=2, batch_size=32, max_steps=150,
                max_seconds=0, eval_every_seconds=3600, quiet=True)
@@ -112,6 +114,7 @@ def test_downpour_learns_from_a_stream_as_from_the_same_examples_in_a_map_style_
     assert synced.summary["final_test_accuracy"] >= 0.85 and synced.metrics[-1]["train_accuracy"] >= 0.85
 
 
+@pytest.mark.slow
 def test_a_collate_fn_turns_a_stream_of_dicts_into_the_same_batches(tmp_path):
     one = dict(strategy="downpour", runtime="inprocess", replicas=1, shards=2, batch_size=16, max_steps=80,
                max_seconds=0, eval_every_seconds=3600, quiet=True)

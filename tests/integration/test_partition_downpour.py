@@ -16,6 +16,7 @@ from tests.conftest import toy_classification
 pytestmark = pytest.mark.timeout(300)
 
 
+@pytest.mark.slow
 def test_mnist1d_lc1d_two_replicas_two_partitions_two_shards_reaches_80_percent(tmp_path):
     # ~30 s here; the budget is only a guard against a run that never gets there (a loaded CI machine took >90 s)
     cfg = RunConfig(runtime="inprocess", model="lc1d", replicas=2, partitions=2, shards=2,

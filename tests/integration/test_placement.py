@@ -34,6 +34,7 @@ def _warnings(err: str) -> list[str]:
     return [line for line in err.splitlines() if OVERSUBSCRIBED in line]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_four_replicas_on_two_cores_run_oversubscribed_with_one_warning(two_core_ray, toy_data, capsys):
     res = train(make_odd_model, toy_data[0], toy_data[1], runtime="ray", replicas=4, shards=2, max_steps=3,
@@ -43,6 +44,7 @@ def test_four_replicas_on_two_cores_run_oversubscribed_with_one_warning(two_core
     assert len(lines) == 1 and "4 replicas on 2 cores" in lines[0], lines
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_two_replicas_of_two_partitions_on_two_cores_run_oversubscribed(two_core_ray, capsys):
     cfg = RunConfig(runtime="ray", model="lc1d", replicas=2, partitions=2, shards=2, num_samples=2000,
@@ -54,6 +56,7 @@ def test_two_replicas_of_two_partitions_on_two_cores_run_oversubscribed(two_core
 
 
 # ---------------------------------------------------------------- a joined cluster keeps its capacity check
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_joined_cluster_refuses_more_replicas_than_it_has_cpus(toy_data):
     ray.shutdown()

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -32,6 +33,7 @@ def wait_for_evals(run_dir, n, timeout_s=120):
     raise AssertionError(f"{run_dir} did not record {n} evaluations in {timeout_s}s")
 
 
+@pytest.mark.slow
 def test_resume_with_a_different_shard_count_continues_exactly(tmp_path):
     out = tmp_path / "run"
     base = dict(runtime="inprocess", replicas=2, shards=2, max_steps=60, max_seconds=0, eval_every_seconds=3600,
@@ -52,6 +54,7 @@ def test_resume_with_a_different_shard_count_continues_exactly(tmp_path):
     assert more.summary["updates_per_shard"] == [160, 160, 160]
 
 
+@pytest.mark.slow
 def test_driver_killed_then_resumed_continues_metrics_and_counters(tmp_path):
     out = tmp_path / "run"
     cmd = PY + ["train", "--runtime", "inprocess", "--replicas", "2", "--shards", "2", "--max-seconds", "60",
@@ -79,6 +82,7 @@ def test_driver_killed_then_resumed_continues_metrics_and_counters(tmp_path):
     assert summary["final_test_accuracy"] > 0.5
 
 
+@pytest.mark.slow
 def test_ctrl_c_writes_a_final_checkpoint_and_exits_130(tmp_path):
     out = tmp_path / "run"
     cmd = PY + ["train", "--runtime", "inprocess", "--max-seconds", "120", "--eval-every-seconds", "1",
@@ -95,6 +99,7 @@ def test_ctrl_c_writes_a_final_checkpoint_and_exits_130(tmp_path):
     assert [v for _, _, v in state.versions] == summary["updates_per_shard"]
 
 
+@pytest.mark.slow
 def test_sigterm_is_handled_like_ctrl_c(tmp_path):
     out = tmp_path / "run"
     cmd = PY + ["train", "--runtime", "inprocess", "--max-seconds", "120", "--eval-every-seconds", "1",
