@@ -18,10 +18,10 @@ import time
 from pathlib import Path
 
 import ray
-from ray.cluster_utils import Cluster
 
 from distbelief import RunConfig
 from distbelief.api import train_task
+from distbelief.runtime.local_cluster import fake_cluster
 from distbelief.runtime.ray_runtime import SYSTEM_CONFIG, RayRuntime
 from distbelief.testing import Faults
 
@@ -29,7 +29,7 @@ HERE = Path(__file__).resolve().parent
 
 
 def one_run(out: Path, seconds: float, join_at: float | None, leave_at: float) -> dict:
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "_system_config": SYSTEM_CONFIG})
+    c = fake_cluster(num_cpus=0, _system_config=SYSTEM_CONFIG)
     c.add_node(num_cpus=1)
     c.wait_for_nodes()
     ray.init(address=c.address, logging_level="ERROR")

@@ -27,10 +27,10 @@ import time
 from pathlib import Path
 
 import ray
-from ray.cluster_utils import Cluster
 
 from distbelief import RunConfig
 from distbelief.api import train_task
+from distbelief.runtime.local_cluster import fake_cluster
 from distbelief.runtime.ray_runtime import SHARD_NODE_RESOURCE, SYSTEM_CONFIG, RayRuntime
 from distbelief.testing import Faults
 
@@ -74,7 +74,7 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "_system_config": SYSTEM_CONFIG})
+    c = fake_cluster(num_cpus=0, _system_config=SYSTEM_CONFIG)
     nodes = [c.add_node(num_cpus=2, resources={SHARD_NODE_RESOURCE: 1}) for _ in range(2)]
     c.wait_for_nodes()
     ray.init(address=c.address, logging_level="ERROR")

@@ -153,9 +153,9 @@ def check_model_and_data(model_fn, train_ds, loss_fn, metric_fn=None, cfg: RunCo
 
 def check_tables(model: torch.nn.Module, cfg: RunConfig) -> None:
     """Refuse, before any worker starts, what a model with embedding tables cannot do yet (the tables are held
-    row-sharded on the shards by downpour; see ps/slicer.py). The single-process and local baselines train the
-    user's module as it is. Every durability mode covers the rows, and a run with tables resumes, with the same or
-    another number of shards."""
+    row-sharded on the shards by downpour, in every consistency mode, and by sync, backup replicas included; see
+    ps/slicer.py). The single-process and local baselines train the user's module as it is. Every durability mode
+    covers the rows, and a run with tables resumes, with the same or another number of shards."""
     from distbelief.ps.slicer import find_tables
 
     if cfg.strategy in ("sgd", *LOCAL_STRATEGIES):
@@ -165,9 +165,9 @@ def check_tables(model: torch.nn.Module, cfg: RunConfig) -> None:
         return
     names = ", ".join(repr(n) for n, _ in tables[:3]) + (", ..." if len(tables) > 3 else "")
     why = f"the model has embedding tables ({names})"
-    if cfg.strategy != "downpour":
-        raise ConfigError("strategy", f"{why}: their rows are served by --strategy downpour (or the sgd, hogwild "
-                                      f"and ddp baselines); {cfg.strategy} does not serve table rows yet")
+    if cfg.strategy not in ("downpour", "sync"):
+        raise ConfigError("strategy", f"{why}: their rows are served by --strategy downpour or sync (or the sgd, "
+                                      f"hogwild and ddp baselines); {cfg.strategy} does not serve table rows yet")
     if cfg.partitions > 1:
         raise ConfigError("partitions", f"{why}: a partitioned replica does not serve table rows yet")
     if cfg.device not in ("cpu", "auto"):

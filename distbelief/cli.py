@@ -109,7 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "this address (token authentication as for train); the local baselines run on this "
                         "machine. fig3 and fig5 pin this machine's cores and refuse it")
     p.add_argument("--repeats", type=int, default=None,
-                   help="throughput: rounds of every method, interleaved; the median is reported (default 3)")
+                   help="throughput: rounds of every method, interleaved; the median is reported (default 3). "
+                        "fig4: runs of every method, in interleaved rounds from the one warmstart; the targets "
+                        "compare medians, the table gives min-max (default 1)")
     p = sub.add_parser("plot", help="overlay the accuracy-vs-time curves of run directories")
     p.add_argument("runs", nargs="+", help="run directories (each with metrics.jsonl)")
     p.add_argument("--out", required=True, help="PNG file to write")
@@ -177,7 +179,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
 # refused (not silently ignored).
 BENCH_OPTIONS = {
     "fig3": ("cores", "steps"),
-    "fig4": ("cores", "max_seconds", "methods", "address"),
+    "fig4": ("cores", "max_seconds", "methods", "address", "repeats"),
     "fig5": ("cores", "max_seconds", "methods"),
     "throughput": ("max_seconds", "methods", "models", "address", "repeats"),
 }
@@ -219,6 +221,8 @@ def _bench(args: argparse.Namespace) -> int:
 
         run = accuracy.run_fig4 if args.figure == "fig4" else accuracy.run_fig5
         extra = {"address": args.address} if args.address else {}
+        if args.repeats is not None:
+            extra["repeats"] = args.repeats
         run(out, cores, args.quick, args.methods, log=log, max_seconds=args.max_seconds, **extra)
     print(f"wrote {out / 'results.json'}")
     return 0

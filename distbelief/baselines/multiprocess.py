@@ -78,11 +78,17 @@ class MultiprocessRun:
         self.events: list[dict] = []
         self.clock: Clock | None = None
         self.best, self.time_to_target, self.stop_reason = -1.0, None, ""
+        self._stop_requested = ""  # request_stop(reason)
         self.faults = FaultInjector(job.faults)
 
     @property
     def worker_pids(self) -> dict[int, int]:
         return {r: p.pid for r, p in self.procs.items() if r in self.training}
+
+    def request_stop(self, reason: str) -> None:
+        """End the run at the next supervision tick, with ``reason`` as its stop reason (as Downpour's driver: a
+        test probe's way to end a run once what it waited for happened, instead of a time budget)."""
+        self._stop_requested = reason
 
     # ------------------------------------------------------------------ processes
     def _start_workers(self) -> None:
@@ -239,7 +245,7 @@ class MultiprocessRun:
             # every rank meets every all-reduce: without this one the others can only wait, so the run ends
             raise RoleFailedError(f"ddp rank {rank} failed ({first_line}); the other ranks cannot go on "
                                   f"without it")
-        if not self.training:
+        if not self.training and not self.reports:  # (a worker that finished its steps did not fail)
             raise RoleFailedError(f"every hogwild worker failed; the last, worker {rank}: {first_line}")
         # Hogwild workers are independent: the rest keep training the shared parameters
         self.rec.log(f"hogwild worker {rank} failed ({first_line}); continuing with {len(self.training)}")
@@ -296,6 +302,9 @@ class MultiprocessRun:
                 self._evaluate_paused()
                 next_eval = self.clock.elapsed() + schedule.interval(time.monotonic() - t0)
                 last_progress.clear()  # the workers were paused on purpose: no step then is not a hang
+            if self._stop_requested:
+                self.stop_reason = self._stop_requested
+                return
             if self.time_to_target is not None:
                 self.stop_reason = "target accuracy reached"
                 return

@@ -114,6 +114,10 @@ class SharedProgress:
     def resume(self) -> None:
         self._flags[_RESUME] = self._flags[_PAUSE]
 
+    def pause_generation(self) -> int:
+        """The generation of the latest pause requested (what ``paused`` compares a worker's hold with)."""
+        return int(self._flags[_PAUSE])
+
     def paused(self, rank: int, generation: int) -> bool:
         return int(self._c[rank, _PAUSED]) == generation
 

@@ -44,9 +44,10 @@ def plot_fig4(results: dict, out_png: Path) -> Path:
     target = results["target_accuracy"]
     for run in results["runs"]:
         s = run["series"]
-        label = run["label"]
-        if run["time_to_target_s"] is not None:
-            label += f" ({run['time_to_target_s']:.0f}s)"
+        label = run["label"] + (f" #{run['repeat']}" if results.get("repeats", 1) > 1 else "")
+        t = run.get("time_to_target_smoothed_s", run["time_to_target_s"])  # what the targets compare
+        if t is not None:
+            label += f" ({t:.0f}s)"
         line, = ax_test.plot(s["wall_s"], s["test_accuracy"], marker=".", markersize=3, label=label)
         if any(v is not None for v in s.get("train_accuracy", [])):
             ax_train.plot(s["wall_s"], s["train_accuracy"], marker=".", markersize=3, color=line.get_color(),

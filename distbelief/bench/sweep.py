@@ -17,7 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from distbelief.bench.recipes import Recipe, label, method_settings, recipe_for
-from distbelief.bench.targets import evaluate_targets, series_of, time_to_target
+from distbelief.bench.targets import (
+    SMOOTHED_RULE,
+    evaluate_targets,
+    method_summaries,
+    series_of,
+    smoothed_crossing,
+    time_to_target,
+)
 from distbelief.config import RunConfig
 from distbelief.exceptions import ConfigError, DistBeliefError, RemoteTimeoutError
 
@@ -36,6 +43,7 @@ class Sweep:
     warm: dict = field(default_factory=dict)
     results_name: str = "results.json"
     address: str = ""  # a Ray cluster for the Ray strategies (bench fig4 --address); "" = this machine
+    repeats: int = 1  # fig4: runs of every method, in interleaved rounds (bench fig4 --repeats)
 
     def run_one(self, name: str, settings: dict[str, Any]) -> dict:
         from distbelief.api import train_task
@@ -59,23 +67,27 @@ class Sweep:
         self.log(f"[{self.figure}] warmstart done: test accuracy {self.warm['test_accuracy']:.4f}")
         return r["run_dir"]
 
-    def measure(self, method: str, cores: int, stop_at_target: bool) -> dict:
+    def measure(self, method: str, cores: int, stop_at_target: bool, repeat: int = 1) -> dict:
+        """One run of ``method`` at ``cores`` from the warmstart. A run that goes on past the target (fig4) also
+        records its smoothed crossing, which fig4's targets compare (distbelief/bench/targets.py)."""
         settings = method_settings(self.recipe, method, cores)
         settings.update(init_params=self.warm["run_dir"], max_seconds=self.recipe.max_seconds,
                         target_accuracy=self.recipe.target_accuracy if stop_at_target else 0.0)
         if self.address and settings.get("strategy") in RAY_STRATEGIES:
             settings["address"] = self.address
         n = len(self.runs) + 1
-        self.log(f"[{self.figure}] run {n}: {label(method, cores)} for up to {self.recipe.max_seconds:.0f}s")
+        of = f" (repeat {repeat}/{self.repeats})" if self.repeats > 1 else ""
+        self.log(f"[{self.figure}] run {n}: {label(method, cores)}{of} for up to {self.recipe.max_seconds:.0f}s")
         try:
-            r = self.run_one(f"{method}-c{cores}", settings)
+            r = self.run_one(f"{method}-c{cores}" + (f"-r{repeat}" if self.repeats > 1 else ""), settings)
         except ConfigError:
             raise  # a recipe or option error: fix it, measuring on would be pointless
         except DistBeliefError as e:  # one failed method must not cost the sweep's other hour of measurements
             self.log(f"[{self.figure}] {label(method, cores)} FAILED: {e}")
             run = {"method": method, "label": label(method, cores), "cores": cores, "config": settings,
                    "series": series_of([]), "time_to_target_s": None, "reached": False, "error": str(e),
-                   "time_to_target_mean3_s": None,
+                   "time_to_target_mean3_s": None, "repeat": repeat,
+                   **({} if stop_at_target else {"time_to_target_smoothed_s": None}),
                    "final_test_accuracy": None, "best_test_accuracy": None, "examples_per_s": None,
                    "wall_s": None, "stop_reason": "failed", "elapsed_s": None, "run_dir": None,
                    "staleness_mean": None}
@@ -87,14 +99,21 @@ class Sweep:
         run = {"method": method, "label": label(method, cores), "cores": cores, "config": r["config"],
                "series": series, "time_to_target_s": tta, "reached": tta is not None,
                "time_to_target_mean3_s": time_to_target(series, self.recipe.target_accuracy, window=3),
+               "repeat": repeat,
                "final_test_accuracy": r["summary"]["final_test_accuracy"],
                "best_test_accuracy": r["summary"]["best_test_accuracy"],
                "examples_per_s": r["summary"]["examples_per_s"], "wall_s": r["summary"]["wall_s"],
                "stop_reason": r["summary"]["stop_reason"], "elapsed_s": r["elapsed_s"], "run_dir": r["run_dir"],
                "staleness_mean": r["summary"].get("staleness_mean")}
+        if not stop_at_target:
+            run["time_to_target_smoothed_s"] = smoothed_crossing(series, self.recipe.target_accuracy)
         self.runs.append(run)
+        smoothed = run.get("time_to_target_smoothed_s")
+        smoothed_text = "" if stop_at_target else (" (smoothed crossing: missed)" if smoothed is None else
+                                                   f" (smoothed crossing {smoothed:.1f}s)")
         self.log(f"[{self.figure}] {run['label']}: " + (f"target {self.recipe.target_accuracy:.3f} at "
                  f"{tta:.1f}s" if tta is not None else f"missed the target {self.recipe.target_accuracy:.3f}")
+                 + smoothed_text
                  + f", best accuracy {run['best_test_accuracy']:.4f}, {run['examples_per_s']:,.0f} examples/s")
         self.save()
         return run
@@ -103,9 +122,13 @@ class Sweep:
         from distbelief.bench.machine import machine_info
 
         rec = dataclasses.asdict(self.recipe)
-        return {"figure": self.figure, "quick": self.quick, "cores": self.cores, "machine": machine_info(),
-                "recipe": rec, "target_accuracy": self.recipe.target_accuracy, "warmstart": self.warm,
-                "runs": self.runs, "targets": evaluate_targets(self.figure, self.runs, self.cores)}
+        out = {"figure": self.figure, "quick": self.quick, "cores": self.cores, "machine": machine_info(),
+               "recipe": rec, "target_accuracy": self.recipe.target_accuracy, "warmstart": self.warm,
+               "runs": self.runs, "targets": evaluate_targets(self.figure, self.runs, self.cores)}
+        if self.figure == "fig4":
+            out.update(repeats=self.repeats, time_to_target_rule=SMOOTHED_RULE, statistic="median over repeats",
+                       summary=method_summaries(self.runs, self.recipe.target_accuracy))
+        return out
 
     def save(self) -> dict:
         """Write results.json now (after every run: a sweep stopped half-way keeps what it measured)."""

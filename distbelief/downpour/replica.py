@@ -462,6 +462,10 @@ class ModelReplica:
         ``(part_0, ..., part_{K-1}, summary)``, part k a float32 copy of shard k's range of the gradient and
         ``summary`` a small dict (``loss``, ``examples``).
 
+        A model with embedding tables (downpour/sparse.py) fetches the rows its minibatch uses, fresh every step,
+        and part k is ``(range_k, rows_k)``: ``rows_k`` shard k's part of the row-sparse gradient as a push carries
+        it (per row group None or ``(local_ids, values)``, ps/slicer.py ``split_rows``).
+
         Why split: the trainer calls this with ``Runtime.call_split``, so each part goes from this replica
         straight to its shard and the driver waits on the summary alone, never holding a gradient."""
         if self._killed:
@@ -478,6 +482,8 @@ class ModelReplica:
         g = self.source.grads.numpy()
         layout = self.client.layout
         parts = tuple(g[lo:hi].copy() for lo, hi in map(layout.range, range(layout.num_shards)))
+        if self._take_rows is not None:  # each shard's rows travel with its range, to it alone
+            parts = tuple(zip(parts, layout.split_rows(self._take_rows())))
         return (*parts, {"loss": loss, "examples": len(y)})
 
 

@@ -85,12 +85,13 @@ class SyncTrainer(ParameterServerTrainer):
         for rid in live:
             if rid not in calls:
                 call(rid)
-        grads: list = []
+        grads: list = []  # (replica id, its call)
         while True:
             # Done with R gradients, or when no call is left (fewer than R replicas live). A call still busy with
             # an older step is waited for: its answer is dropped and the replica called again for this one.
+            # In replica order, whatever order they came in: every shard sums them in the same order each run.
             if len(grads) >= self.cfg.replicas or not calls:
-                return grads
+                return [f for _, f in sorted(grads, key=lambda item: item[0])]
             now = time.monotonic()
             for rid, (_, _, t) in list(calls.items()):  # no answer within remote_timeout_s: failed
                 if now - t > self.timeout_s:
@@ -100,6 +101,8 @@ class SyncTrainer(ParameterServerTrainer):
                 continue
             oldest = min(t for _, _, t in calls.values())
             wait = max(0.01, min(0.5, oldest + self.timeout_s - now))
+            # Only answers that are in (the runtimes' wait_any returns those): taking a call still running would
+            # wait on it, a straggler included, and drop the quick backup's answer instead of the straggler's.
             done = set(self.runtime.wait_any([f for f, _, _ in calls.values()], wait))
             for rid, (f, s, _) in list(calls.items()):
                 if f not in done:
@@ -111,18 +114,21 @@ class SyncTrainer(ParameterServerTrainer):
                     self._handle_failure(rid, e)
                     continue
                 if s == step and len(grads) < self.cfg.replicas:
-                    grads.append(f)
+                    grads.append((rid, f))
                 else:  # computed from older parameters, or one more than the step needs
                     self.dropped_gradients += 1
+                    self.dropped_by_replica[rid] = self.dropped_by_replica.get(rid, 0) + 1
                     if s != step and self.replicas[rid].running:  # called again for this step
                         call(rid)
 
     def _apply(self, grads: list) -> None:
-        """Every shard applies the mean of ``grads`` for its range, all shards at once."""
+        """Every shard applies the mean of ``grads`` for its range (and, with embedding tables, its rows), all
+        shards at once."""
         def apply_on(k: int) -> Future:
             parts = [g.part(k) for g in grads]
+            # placed in vectors of the shards' dense length (the whole model's without tables)
             return self.runtime.call_with_parts(self.shards[k], "apply_mean", parts, self.layout.range(k)[0],
-                                                self.total)
+                                                self.layout.total)
 
         applying = [apply_on(k) for k in range(self.cfg.shards)]
         for k, f in enumerate(applying):

@@ -106,6 +106,7 @@ class ParameterServerTrainer:
         # consistency = "ssp": the clock table that bounds how far a replica runs ahead (runtime/clocks.py)
         self.clocks = runtime.create_clocks(cfg.staleness_bound) if cfg.consistency == "ssp" else None
         self.dropped_gradients = p.get("dropped_gradients", 0)  # sync with backup replicas: stragglers' gradients
+        self.dropped_by_replica: dict[int, int] = {}  # of those, this run's, by the replica that computed them
         # --replicas MIN:MAX (downpour/elastic.py): replicas come and go with the cluster's free CPUs
         self.elastic = ElasticPlan(cfg.replicas, cfg.max_replicas) if cfg.max_replicas else None
         self._ceiling = cfg.max_replicas  # less the replicas that used up their restarts

@@ -12,6 +12,7 @@ replication to a backup shard (ps/replication.py), and Sandblaster's vector alge
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 
 import numpy as np
@@ -19,6 +20,7 @@ import torch
 
 from distbelief.ps.arrays import PARAMS, all_finite, as_tensor
 from distbelief.ps.durability import Durability, DurableShard, SnapshotWriter
+from distbelief.ps.memory import process_memory, tensor_bytes
 from distbelief.ps.replication import ReplicatedShard
 from distbelief.ps.rules import persistent
 from distbelief.ps.tables import ShardTables
@@ -94,6 +96,9 @@ class ParameterShard(DurableShard, ReplicatedShard, VectorAlgebra, ShardTables):
                  tables: tuple | None = None):
         if hi <= lo:
             raise ValueError(f"shard {shard_id}: empty range [{lo}, {hi})")
+        # This process's memory before the shard allocates anything of its own: the runtime's base (ps/memory.py;
+        # None for a co-located replica's view of a shared shard, and where it cannot be measured).
+        self.base_memory = process_memory() if storage is None else None
         self.shard_id, self.lo, self.hi, self.total = shard_id, lo, hi, total
         self.optimizer = optimizer
         # Held while the state changes or is read as a whole. A no-op unless the state is shared with
@@ -268,31 +273,42 @@ class ParameterShard(DurableShard, ReplicatedShard, VectorAlgebra, ShardTables):
         return self.version
 
     def apply_mean(self, *grads) -> int:
-        """Synchronous data parallelism: average full-vector gradients, apply one update. Returns the version."""
+        """Synchronous data parallelism: average full-vector gradients, apply one update. Returns the version.
+
+        With embedding tables each gradient is ``(vector, rows)``, ``rows`` this shard's rows of it as a push
+        carries them (ps/tables.py): the mean's rows are the union of the gradients' rows, each summed over the
+        gradients and divided by their number (a gradient without a row counts as zero there), applied with the
+        dense mean as one update (``_mean_rows``); rows no gradient carries, and their rule state, stay bit for
+        bit as they were. A gradient with a non-finite value, a range of the wrong length or a row id outside its
+        table is refused whole (counted in ``rejected_pushes``) and the mean is over the others."""
         with self.lock:
             return self._apply_mean(grads)
 
     def _apply_mean(self, grads) -> int:
-        acc, accepted = None, 0
+        acc, accepted, taken = None, 0, []
         for grad in grads:
+            grad, rows = grad if isinstance(grad, tuple) else (grad, None)
             g = as_tensor(grad)[self.lo : self.hi]
             if g.numel() == self.hi - self.lo:
                 self.bytes_pushed += g.numel() * g.element_size()
-            if g.numel() != self.hi - self.lo or not all_finite(g):
+            if g.numel() != self.hi - self.lo or not all_finite(g) or not self._rows_acceptable(rows):
                 self.rejected_pushes += 1
                 continue
             acc = g.clone() if acc is None else acc.add_(g)
             accepted += 1
+            taken.append(rows)
         if acc is None:
             return self.version
         acc.div_(accepted)
+        rows = self._mean_rows(taken, accepted)  # None for a model without tables
         self.optimizer.apply(self.vectors[PARAMS], acc, self.opt_state)
+        self._apply_rows(rows, 1.0, count=False)
         self.staleness_count += 1  # a synchronous update is never stale
         self._ctr[_HIST0] += 1
         self.version += 1
-        self._after_update(0, self.hi - self.lo, 0, acc)
-        # the backup applies the mean as a push of staleness 0: the same update, the same counters
-        self._forward(acc.numpy(), self.lo, self.version - 1, 0, 0, 0, wait=True)
+        self._after_update(0, self.hi - self.lo, 0, acc, rows=rows)  # logged with its rows, as a push
+        # the backup applies the mean as a push of staleness 0: the same update (rows too), the same counters
+        self._forward(acc.numpy(), self.lo, self.version - 1, 0, 0, 0, wait=True, rows=rows)
         return self.version
 
     def set_params(self, values) -> int:
@@ -300,6 +316,21 @@ class ParameterShard(DurableShard, ReplicatedShard, VectorAlgebra, ShardTables):
         with self.lock:
             self.vectors[PARAMS].copy_(as_tensor(values).reshape(-1))
             return self.version
+
+    def memory(self) -> dict:
+        """What this shard holds and what its process measures (ps/memory.py; docs/tables.md, "Tables larger than
+        one process"): ``table_bytes`` (its rows of every table and their rule state), ``dense_bytes`` (its dense
+        range and the rule's state for it), ``snapshot_bytes`` (the reused copy a background snapshot takes of
+        both: none until the first one), ``process`` (``process_memory()`` now) and ``base`` (the same, taken
+        before the shard allocated anything). ``shared``: the state lives in /dev/shm for co-located replicas
+        (then it is not in this process's USS)."""
+        with self.lock:
+            table = tensor_bytes(t.weight for t in self.tables)
+            table += tensor_bytes(v for t in self.tables for v in t.state.values())
+            dense = self._params_np.nbytes + tensor_bytes(self.opt_state.values())
+        return {"shard_id": self.shard_id, "pid": os.getpid(), "table_rows": sum(t.num_rows for t in self.tables),
+                "table_bytes": table, "dense_bytes": dense, "snapshot_bytes": tensor_bytes(self._snap_bufs.values()),
+                "shared": self._shared is not None, "process": process_memory(), "base": self.base_memory}
 
     def stats(self) -> dict:
         return {

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from distbelief.ps.arrays import as_tensor
+from distbelief.ps.memory import transient_copy
 from distbelief.ps.rules import persistent
 
 TABLE_PREFIX = "table."  # a table's arrays in checkpoints and shared memory: table.<t>.weight, table.<t>.opt.<name>
@@ -154,8 +155,8 @@ class ShardTables:
     def read_table(self, t: int) -> np.ndarray:
         """All of this shard's rows of row group ``t`` (a copy; the driver's evaluation and final read, which
         ``bytes_fetched`` does not count: it measures what the replicas move)."""
-        with self.lock:
-            return self.tables[t].weight_np.copy()
+        with self.lock:  # a copy that leaves the process no larger once it is dropped (ps/memory.py)
+            return transient_copy(self.tables[t].weight_np)
 
     def _check_rows(self, rows) -> bool:
         """Check a push's rows before anything of it is applied: ValueError for a bad id or shape (nothing
@@ -170,8 +171,9 @@ class ShardTables:
                 tab.check(*entry)
         return all(entry is None or bool(np.isfinite(entry[1]).all()) for entry in rows)
 
-    def _apply_rows(self, rows, scale: float) -> int:
-        """Apply a checked push's rows; returns the bytes they carried."""
+    def _apply_rows(self, rows, scale: float, count: bool = True) -> int:
+        """Apply a checked push's rows; returns the bytes they carried (counted in ``rows_pushed`` unless not
+        ``count``: a synchronous mean counts the rows that arrived, ``_mean_rows``)."""
         if rows is None:
             return 0
         nbytes = 0
@@ -180,6 +182,45 @@ class ShardTables:
                 continue
             ids, values = entry
             tab.apply(self.optimizer, ids, values, scale)
-            self.rows_pushed += len(ids)
+            if count:
+                self.rows_pushed += len(ids)
             nbytes += np.asarray(values).nbytes + np.asarray(ids).nbytes
         return nbytes
+
+    def _rows_acceptable(self, rows) -> bool:
+        """(One gradient of a synchronous mean) ``_check_rows``, where a bad row id, like a non-finite value,
+        refuses that gradient whole and the mean goes on without it."""
+        try:
+            return self._check_rows(rows)
+        except ValueError:
+            return False
+
+    def _mean_rows(self, grads_rows: list, count: int) -> list | None:
+        """The rows of the mean of ``count`` gradients whose checked rows are ``grads_rows`` (each a push's
+        ``rows``, or None), per row group None or ``(local_ids, values)``: the union of their row ids, each row's
+        values summed over the gradients in their order and divided by ``count``, a gradient without that row
+        counting as zero. This is torch's ``(g_1 + ... + g_count) / count`` on the gradients as coalesced sparse
+        tensors, and is computed that way. Counts the rows that arrived (``rows_pushed``, ``bytes_pushed``)."""
+        if not self.tables:
+            return None
+        out = []
+        for g, tab in enumerate(self.tables):
+            total = None
+            for rows in grads_rows:
+                entry = None if rows is None else rows[g]
+                if entry is None:
+                    continue
+                ids, values = np.asarray(entry[0]), np.asarray(entry[1])
+                self.rows_pushed += ids.size
+                self.bytes_pushed += ids.nbytes + values.nbytes
+                # (ids from Ray's object store are read-only: wrapped, never written)
+                ids_t = torch.from_numpy(ids) if ids.size else torch.empty(0, dtype=torch.int64)
+                part = torch.sparse_coo_tensor(ids_t[None], as_tensor(values).reshape(ids.size, tab.dim),
+                                               (tab.num_rows, tab.dim), is_coalesced=True, check_invariants=False)
+                total = part if total is None else total + part
+            if total is None:
+                out.append(None)
+                continue
+            mean = (total / count).coalesce()  # (already coalesced: a sum of coalesced tensors keeps ids sorted)
+            out.append((mean.indices()[0].numpy(), mean.values().numpy()))
+        return out

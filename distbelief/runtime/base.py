@@ -108,7 +108,12 @@ def at_offset(part, lo: int, total: int) -> np.ndarray:
     """``part`` placed at flat offset ``lo`` of an otherwise-zero float32 vector of length ``total``.
 
     Why: ``ParameterShard.apply_mean`` takes full-length gradients and reads its own range of each; a gradient split
-    per shard carries only that range over the wire, so it is put back in place where the shard lives."""
+    per shard carries only that range over the wire, so it is put back in place where the shard lives.
+
+    A part ``(values, rows)`` (a model with embedding tables: the shard's rows of the gradient ride with its range,
+    downpour/replica.py ``sync_step``) becomes ``(vector, rows)``, the rows passed on as they are."""
+    if isinstance(part, tuple):
+        return at_offset(part[0], lo, total), part[1]
     full = np.zeros(total, dtype=np.float32)  # calloc'd: pages outside the part are not touched
     part = np.asarray(part, dtype=np.float32).reshape(-1)
     full[lo: lo + part.size] = part

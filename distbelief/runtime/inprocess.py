@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from distbelief.exceptions import RemoteTimeoutError, ReplicaKilled, RoleFailedError
 from distbelief.runtime.group_stats import merge_partition_stats
-from distbelief.runtime.base import Done, Future, Role, Runtime, ShardClient
+from distbelief.runtime.base import Done, Future, Role, Runtime, ShardClient, _WholeSplit
 from distbelief.runtime.clocks import LocalClocks
 from distbelief.runtime.transport import InProcessTransport
 
@@ -269,12 +269,20 @@ class InProcessRuntime(Runtime):
     def wait_any(self, futures, timeout_s):
         if not futures:
             return []
-        inner = {f._fut: f for f in futures if isinstance(f, _ThreadFuture)}
-        done = [f for f in futures if not isinstance(f, _ThreadFuture)]
-        if done:
-            return done + [f for f in futures if isinstance(f, _ThreadFuture) and f.done()]
-        finished, _ = cf.wait(list(inner), timeout=timeout_s, return_when=cf.FIRST_COMPLETED)
-        return [inner[f] for f in finished]
+        # A split call wraps its thread's future (base._WholeSplit): wait on that one, so a split call counts as
+        # done only once it is (a straggler's answer must not look as early as a quick replica's).
+        threads, other = {}, []
+        for f in futures:
+            t = f.inner if isinstance(f, _WholeSplit) else f
+            if isinstance(t, _ThreadFuture):
+                threads.setdefault(t._fut, []).append(f)
+            else:
+                other.append(f)
+        done = [f for f in futures if f.done()]
+        if done or other:  # (a future with no thread of its own to wait on is returned as it is: the caller asks)
+            return list(dict.fromkeys(done + other))
+        cf.wait(list(threads), timeout=timeout_s, return_when=cf.FIRST_COMPLETED)
+        return [f for f in futures if f.done()]
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

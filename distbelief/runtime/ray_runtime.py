@@ -97,6 +97,9 @@ def connect(address: str | None = None, num_cpus: int | None = None) -> None:
     global _local_node_id
     if ray.is_initialized():
         return
+    from distbelief.runtime import ray_notice
+
+    ray_notice.install()  # Ray's token-authentication notice: once per machine, in our words
     common = dict(logging_level="WARNING", log_to_driver=True, configure_logging=True)
     if address:
         _check_reachable(address)
@@ -158,6 +161,14 @@ def _array_bytes(args) -> int:
     return sum(a.nbytes for a in args if isinstance(a, np.ndarray))
 
 
+def _part_bytes(part) -> int:
+    """Bytes of a split part (Runtime.call_with_parts): its range, and with embedding tables (``(values, rows)``)
+    its rows' ids and values."""
+    if isinstance(part, tuple):
+        return _part_bytes(part[0]) + sum(_array_bytes(entry) for entry in part[1] if entry is not None)
+    return _array_bytes([part])
+
+
 @ray.remote
 class RoleActor:
     """Hosts one role object. The object is built here, inside the actor process."""
@@ -180,7 +191,7 @@ class RoleActor:
     def call_placed(self, method: str, lo: int, total: int, *parts):
         """``method`` with each part placed at flat offset ``lo`` of a full-length vector (Runtime.call_with_parts):
         only the parts crossed the network."""
-        self.received += _array_bytes(parts)
+        self.received += sum(_part_bytes(p) for p in parts)
         return getattr(self.obj, method)(*[at_offset(p, lo, total) for p in parts])
 
     def received_bytes(self) -> int:

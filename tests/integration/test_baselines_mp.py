@@ -67,7 +67,7 @@ def test_shared_progress_pause_generations_in_one_process():
     p = SharedProgress(2)
     assert not p.pause_requested()
     gen = p.request_pause()
-    assert p.pause_requested() and not p.paused(0, gen)
+    assert p.pause_requested() and not p.paused(0, gen) and p.pause_generation() == gen
     p.resume()
     assert not p.pause_requested()
     p.hold_pause(0, timeout_s=1)  # already resumed: returns at once, holding nothing
@@ -105,46 +105,55 @@ def test_bad_input_is_refused_before_any_worker_starts(tmp_path, capsys):
 
 # ---------------------------------------------------------------------------------------------- evaluation
 class WatchEvaluation:
-    """A callback, so it runs where the driver evaluates: it samples the workers' step counters across a short
-    sleep (they must not move: the workers are paused) and the time it spent (the clock must not count it)."""
+    """A callback, so it runs where the driver evaluates. It records whether every worker holds this very pause
+    (each worker reports the pause generation it is holding: asked directly, not inferred from a quiet interval),
+    the step counters around the check, and whether the training clock stands still (the same reading before and
+    after a sleep, equal to the evaluation's recorded time). After ``evaluations`` evaluations with training in
+    between it ends the run (no time budget)."""
 
-    def __init__(self, sleep_s: float):
-        self.sleep_s, self.seen = sleep_s, []
+    def __init__(self, evaluations: int = 3):
+        self.evaluations, self.seen, self.clock_still = evaluations, [], []
 
     def __call__(self, run, rec):
         before = run.progress.steps()
-        time.sleep(self.sleep_s)
-        self.seen.append((rec["updates"], before, run.progress.steps()))
+        generation = run.progress.pause_generation()
+        held = [run.progress.paused(r, generation) for r in sorted(run.worker_pids)]
+        t = run.clock.elapsed()
+        time.sleep(0.001)  # any time at all: a running clock would move
+        self.clock_still.append(run.clock.elapsed() == t and rec["wall_s"] == round(t, 3))
+        self.seen.append((rec["updates"], before, run.progress.steps(), held))
+        if len(self.seen) >= self.evaluations and rec["updates"] > self.seen[0][0] > 0:
+            run.request_stop("evaluations watched")
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("strategy", ["hogwild", "ddp"])
 def test_workers_are_paused_while_the_driver_evaluates(strategy):
-    watch = WatchEvaluation(sleep_s=0.1)
-    started = time.monotonic()
+    watch = WatchEvaluation()
+    # max_seconds only guards against a run that never gets there: the watch ends it
     res = train(make_odd_model, toy_split("train"), toy_split("test"), strategy=strategy, replicas=2,
-                max_seconds=1.5, eval_every_seconds=0.15, faults=Faults(on_evaluation=watch), **FAST)
-    elapsed = time.monotonic() - started
-    # (evaluations are spaced so that they stay under 10% of the run's time: the 0.1 s sleeps stretch them)
-    assert res.summary["stop_reason"] == "time budget spent" and len(watch.seen) >= 2
-    for updates, before, after in watch.seen:
-        assert before == after, watch.seen  # no worker took a step while the driver evaluated
+                max_seconds=100, eval_every_seconds=0.15, faults=Faults(on_evaluation=watch), **FAST)
+    assert res.summary["stop_reason"] == "evaluations watched" and len(watch.seen) >= 3
+    for updates, before, after, held in watch.seen[:-1]:  # the last one is the final evaluation
+        assert held == [True, True], watch.seen  # every worker holds this evaluation's pause
+        assert before == after, watch.seen  # and no worker took a step meanwhile
         # the record counts the paused workers' steps (hogwild: their sum; ddp: one per synchronous step)
         assert updates == (sum(before) if strategy == "hogwild" else before[0])
         if strategy == "ddp":
             assert before[0] == before[1]  # every rank paused after the same step
     assert watch.seen[-1][0] == res.summary["updates"] > watch.seen[0][0] > 0
-    # the training clock excludes evaluation: the run took at least its training time plus every evaluation
-    assert res.summary["wall_s"] + watch.sleep_s * len(watch.seen) <= elapsed
+    # the training clock excludes evaluation: it stood still through every evaluation
+    assert all(watch.clock_still), watch.clock_still
 
 
 # ---------------------------------------------------------------------------------------------- hogwild
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_hogwild_two_workers_reach_target_and_write_a_run_dir(tmp_path):
+    # ~80 steps reach 0.85 here; 2000 steps a worker only guard against a run that never gets there
     res = train(make_odd_model, partial(toy_split, "train"), toy_split("test"), strategy="hogwild",
-                replicas=2, target_accuracy=0.85, max_seconds=30, eval_every_seconds=0.5,
+                replicas=2, target_accuracy=0.85, max_steps=2000, max_seconds=0, eval_every_seconds=0.5,
                 out=str(tmp_path / "run"), **FAST)
     summary, lines = check_run_dir(tmp_path / "run", "hogwild")
     assert summary["stop_reason"] == "target accuracy reached" and summary["final_test_accuracy"] >= 0.85
@@ -192,25 +201,20 @@ def test_hogwild_workers_update_one_shared_parameter(rule):
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_killed_hogwild_worker_does_not_stop_the_run(tmp_path):
-    killed = {}
-
-    def kill_worker_1(run, rec):
-        if not killed and rec["updates"] > 0:
-            killed["pid"] = run.worker_pids[1]
-            killed["updates"] = rec["updates"]
-            os.kill(killed["pid"], signal.SIGKILL)
-
+    # worker 1 is killed (SIGKILL) once the workers took 40 steps together; worker 0 goes on to its 400
     res = train(make_odd_model, toy_split("train"), toy_split("test"), strategy="hogwild", replicas=2,
-                max_seconds=3, eval_every_seconds=0.4, faults=Faults(on_evaluation=kill_worker_1),
-                out=str(tmp_path / "run"),
-                **FAST)
+                max_steps=400, max_seconds=0, eval_every_seconds=0.4,
+                faults=Faults(kill_replica_at_step=40, kill_replica_id=1), out=str(tmp_path / "run"), **FAST)
     summary, lines = check_run_dir(tmp_path / "run", "hogwild", RUN_FIELDS)
-    assert killed and summary["replicas_lost"] == 1 and summary["stop_reason"] == "time budget spent"
+    assert summary["replicas_lost"] == 1 and summary["stop_reason"] == "step limit reached"
+    killed = [e for e in summary["events"] if e["event"] == "replica killed"]
+    assert [e["id"] for e in killed] == [1] and killed[0]["step"] >= 40
     lost = [e for e in summary["events"] if e["event"] == "replica lost"]
     assert [e["id"] for e in lost] == [1] and "SIGKILL" in lost[0]["error"]
     assert lines[-1]["replicas_alive"] == 1
     steps = summary["steps_per_replica"]
-    assert steps[0] > steps[1] and summary["updates"] > killed["updates"]  # worker 0 went on alone
+    assert steps[0] == 400 and steps[1] < 400  # worker 0 went on alone to its step limit
+    assert summary["updates"] == sum(steps) > killed[0]["step"]
     assert res.summary["final_test_accuracy"] > 0.6
 
 
@@ -221,22 +225,25 @@ class HangInWorker:
         self.rank, self.after, self.calls = rank, after, 0
 
     def __call__(self, out, y):
-        self.calls += 1
-        if multiprocessing.current_process().name.endswith(f"-{self.rank}") and self.calls >= self.after:
-            time.sleep(3600)
+        if multiprocessing.current_process().name.endswith(f"-{self.rank}"):  # counted in that worker only
+            self.calls += 1
+            if self.calls >= self.after:
+                time.sleep(3600)
         return F.cross_entropy(out, y)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_hung_hogwild_worker_is_terminated_and_the_others_go_on():
+    # worker 1 hangs in its 20th step; worker 0 runs its 300 steps, and the run ends once worker 1 was found
+    # making no progress (remote_timeout_s) and terminated
     res = train(make_odd_model, toy_split("train"), toy_split("test"), loss_fn=HangInWorker(1, after=20),
-                strategy="hogwild", replicas=2, max_seconds=5, eval_every_seconds=0.5, remote_timeout_s=1.5,
-                **FAST)
+                strategy="hogwild", replicas=2, max_steps=300, max_seconds=0, eval_every_seconds=0.5,
+                remote_timeout_s=1.5, **FAST)
     s = res.summary
-    assert s["replicas_lost"] == 1 and s["stop_reason"] == "time budget spent"
+    assert s["replicas_lost"] == 1 and s["stop_reason"] == "step limit reached"
     assert [(e["id"], "made no progress" in e["error"]) for e in s["events"]] == [(1, True)]
-    assert 0 < s["steps_per_replica"][1] < 20 < 100 < s["steps_per_replica"][0]
+    assert s["steps_per_replica"] == [300, 19]  # 19 steps done, the 20th hung
     assert multiprocessing.active_children() == []
 
 
@@ -247,17 +254,21 @@ def test_ctrl_c_stops_workers_and_writes_the_summary(tmp_path):
 
     def ctrl_c(run, rec):
         if not pressed and rec["updates"] > 0:
-            pressed.append(rec["wall_s"])
+            pressed.append(rec["updates"])
             # a terminal's Ctrl-C reaches the whole process group: workers ignore it, the driver stops them
             for pid in run.worker_pids.values():
                 os.kill(pid, signal.SIGINT)
             os.kill(os.getpid(), signal.SIGINT)
 
+    # a step budget far beyond what the run reaches before Ctrl-C: only the interrupt ends it
     res = train(make_odd_model, toy_split("train"), toy_split("test"), strategy="hogwild", replicas=2,
-                max_seconds=60, eval_every_seconds=0.5, faults=Faults(on_evaluation=ctrl_c),
+                max_steps=10**6, max_seconds=0, eval_every_seconds=0.5, faults=Faults(on_evaluation=ctrl_c),
                 out=str(tmp_path / "run"), **FAST)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert pressed and summary["stop_reason"] == "interrupted" and summary["wall_s"] < pressed[0] + 10
+    assert pressed and summary["stop_reason"] == "interrupted"
+    # pressed while the workers held the evaluation's pause: the driver resumes them and stops them at once, so
+    # they take a few steps more at most, nowhere near their budget
+    assert pressed[0] <= summary["updates"] < pressed[0] + 1000
     assert summary["replicas_lost"] == 0 and min(summary["steps_per_replica"]) > 0
     assert res.summary["final_test_accuracy"] == summary["final_test_accuracy"]
 
@@ -266,9 +277,10 @@ def test_ctrl_c_stops_workers_and_writes_the_summary(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_ddp_two_ranks_train_stay_bit_identical_and_write_a_run_dir(tmp_path):
+    # ~20 synchronous steps reach 0.85 here; 2000 only guard against a run that never gets there
     res = train(make_odd_model, toy_split("train"), toy_split("test"), strategy="ddp", replicas=2,
-                target_accuracy=0.85, max_seconds=30, eval_every_seconds=0.5, out=str(tmp_path / "run"),
-                **FAST)
+                target_accuracy=0.85, max_steps=2000, max_seconds=0, eval_every_seconds=0.5,
+                out=str(tmp_path / "run"), **FAST)
     summary, _ = check_run_dir(tmp_path / "run", "ddp", RUN_FIELDS)
     assert summary["stop_reason"] == "target accuracy reached" and summary["final_test_accuracy"] >= 0.85
     steps = summary["steps_per_replica"]
@@ -303,10 +315,11 @@ def make_odd_model_flat(seed: int) -> torch.Tensor:
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_dead_ddp_rank_fails_the_run_naming_it_and_keeps_partial_results(tmp_path):
-    # Only the kill can end this run: no step limit, no target, and a time budget far beyond 40 steps.
+    # Only the kill can end this run: no target, and a step budget far beyond 40 steps.
     with pytest.raises(RoleFailedError, match="ddp rank 1 failed"):
         train(make_odd_model, toy_split("train"), toy_split("test"), strategy="ddp", replicas=2,
-              max_seconds=60, eval_every_seconds=0.3, faults=Faults(kill_replica_at_step=40, kill_replica_id=1),
+              max_steps=10**6, max_seconds=0, eval_every_seconds=0.3,
+              faults=Faults(kill_replica_at_step=40, kill_replica_id=1),
               out=str(tmp_path / "run"), **FAST)
     summary, _ = check_run_dir(tmp_path / "run", "ddp", RUN_FIELDS)
     assert summary["stop_reason"] == "failed" and "ddp rank 1" in summary["error"]
@@ -327,7 +340,8 @@ def test_ddp_rank_killed_while_paused_fails_the_run_instead_of_hanging_it():
             killed.append(run.worker_pids[1])
             os.kill(killed[0], signal.SIGKILL)
 
-    with pytest.raises(RoleFailedError, match="ddp rank 1 failed"):
+    with pytest.raises(RoleFailedError, match="ddp rank 1 failed"):  # only the kill can end this run
         train(make_odd_model, toy_split("train"), toy_split("test"), strategy="ddp", replicas=2,
-              max_seconds=60, eval_every_seconds=0.2, faults=Faults(on_evaluation=kill_rank_1), **FAST)
+              max_steps=10**6, max_seconds=0, eval_every_seconds=0.2, faults=Faults(on_evaluation=kill_rank_1),
+              **FAST)
     assert killed and multiprocessing.active_children() == []

@@ -1,20 +1,26 @@
 """``distbelief bench``: the figure sweeps run end to end on tiny sizes and write well-formed results and PNGs.
 
-These check structure, never speed: all methods present, a monotone time axis, values in range, every method
-started from the shared warmstart, the targets evaluated from the measured times.
+These check structure and bookkeeping, never speed: all methods present, a monotone time axis, every number
+reported equal to what the runs themselves recorded (or, for Fig. 3's bytes, to what an in-process step of the same
+model sends), every method started from the shared warmstart, the targets evaluated from the measured times.
 """
 
 import json
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import matplotlib.image as mpimg
 import pytest
+import torch
+import torch.nn.functional as F
 
 from distbelief.bench.accuracy import fig5_core_counts
+from distbelief.bench.fig3 import models as fig3_models
 from distbelief.bench.recipes import QUICK
-from distbelief.bench.targets import evaluate_targets, time_to_target
+from distbelief.bench.targets import evaluate_targets, smoothed_crossing, time_to_target
+from distbelief.partition import PartitionedExecutor
 
 PY = [sys.executable, "-m", "distbelief.cli"]
 FIG4_METHODS = {"sgd-1", "sgd-all", "downpour-sgd", "downpour-adagrad"}
@@ -32,6 +38,20 @@ def check_machine(m):
     assert m["cores"] >= 1 and m["torch"] and m["ray"] and m["python"] and m["date"] and m["cpu_model"]
 
 
+def run_summary(run_dir) -> dict:
+    return json.loads((Path(run_dir) / "summary.json").read_text())
+
+
+def run_metrics(run_dir) -> list[dict]:
+    return [json.loads(x) for x in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+
+
+def is_count_of(fraction: float, n: int) -> bool:
+    """Whether ``fraction`` is k/n for a whole k in [0, n] (an accuracy measured on n examples)."""
+    k = round(fraction * n)
+    return 0 <= k <= n and k / n == fraction
+
+
 @pytest.mark.slow
 @pytest.mark.ray
 def test_fig3_quick(tmp_path):
@@ -43,12 +63,21 @@ def test_fig3_quick(tmp_path):
     check_machine(res["machine"])
     assert res["figure"] == "fig3" and res["partitions"] == [1, 2]
     assert {m["kind"] for m in res["models"]} == {"fully connected", "locally connected"}
-    for m in res["models"]:
+    for fm, m in zip(fig3_models(quick=True), res["models"]):
         rows = m["rows"]
-        assert [row["P"] for row in rows] == [1, 2]
-        assert rows[0]["speedup"] == 1.0 and all(row["step_s"] > 0 and row["speedup"] > 0 for row in rows)
+        assert m["name"] == fm.name and [row["P"] for row in rows] == [1, 2]
+        assert all(row["num_parameters"] == sum(p.numel() for p in fm.make(1).parameters()) for row in rows)
+        # speedup is time(P=1) / time(P) of the step times reported beside it
+        assert rows[0]["speedup"] == 1.0 and rows[1]["speedup"] == rows[0]["step_s"] / rows[1]["step_s"] > 0
+        # what each Ray partition sent per step is what the same model's partitions send in one in-process step
+        g = torch.Generator().manual_seed(0)
+        x, y = torch.randn(fm.batch, *fm.input_shape, generator=g), torch.randint(0, fm.classes, (fm.batch,),
+                                                                                     generator=g)
+        for row in rows:
+            with PartitionedExecutor(fm.make(row["P"])) as ex:
+                step = ex.step(x, y, F.cross_entropy)
+            assert row["bytes_per_step"] == step.bytes_sent and row["messages_per_step"] == step.messages_sent
         assert sum(rows[0]["bytes_per_step"]) == 0 < sum(rows[1]["bytes_per_step"])  # boundary traffic at P=2
-        assert len(rows[1]["bytes_per_step"]) == 2
     check_png(out / "fig3.png")
 
 
@@ -66,24 +95,35 @@ def test_fig4_quick_every_method_from_the_shared_warmstart(tmp_path):
     check_machine(res["machine"])
     assert res["figure"] == "fig4" and res["quick"] and res["cores"] == 2
     warm = res["warmstart"]
-    assert 0 <= warm["test_accuracy"] <= 1 and (out / "runs" / "warmstart" / "params.safetensors").is_file()
+    assert (out / "runs" / "warmstart" / "params.safetensors").is_file()
+    assert warm["test_accuracy"] == run_summary(out / "runs" / "warmstart")["final_test_accuracy"]
     assert {run["method"] for run in res["runs"]} == FIG4_METHODS
+    n_test, n_train = QUICK.common["eval_samples"], QUICK.common["train_eval_samples"]
     for run in res["runs"]:
         assert run["config"]["init_params"] == warm["run_dir"], run["method"]
         assert run["cores"] == (1 if run["method"] == "sgd-1" else 2)
         s = run["series"]
         assert len(s["wall_s"]) >= 2, run["method"]
         assert all(b >= a for a, b in zip(s["wall_s"], s["wall_s"][1:])), run["method"]
-        assert all(0 <= a <= 1 for a in s["test_accuracy"]), run["method"]
-        assert all(a is None or 0 <= a <= 1 for a in s["train_accuracy"]), run["method"]
+        # the series, final accuracy, rate and stop are the run's own records, as its run directory holds them
+        summary, lines = run_summary(run["run_dir"]), run_metrics(run["run_dir"])
+        assert s["wall_s"] == [x.get("wall_s") for x in lines], run["method"]
+        assert s["test_accuracy"] == [x.get("test_accuracy") for x in lines], run["method"]
+        assert s["train_accuracy"] == [x.get("train_accuracy") for x in lines], run["method"]
+        assert run["final_test_accuracy"] == summary["final_test_accuracy"] == s["test_accuracy"][-1]
+        assert run["examples_per_s"] == summary["examples_per_s"] > 0
+        assert run["wall_s"] == summary["wall_s"] and run["stop_reason"] == "time budget spent"  # fig4: full curves
+        # accuracies of eval_samples test examples and train_eval_samples training examples
+        assert all(is_count_of(a, n_test) for a in s["test_accuracy"]), run["method"]
         assert any(a is not None for a in s["train_accuracy"]), run["method"]
-        assert run["wall_s"] <= QUICK.max_seconds + 30
+        assert all(a is None or is_count_of(a, n_train) for a in s["train_accuracy"]), run["method"]
         # the reported time to target is the first evaluation at or above it
         assert run["time_to_target_s"] == time_to_target(s, res["target_accuracy"])
         assert run["time_to_target_mean3_s"] == time_to_target(s, res["target_accuracy"], window=3)
-        assert run["examples_per_s"] > 0
+        # fig4's targets compare the smoothed crossing (distbelief/bench/targets.py)
+        assert run["time_to_target_smoothed_s"] == smoothed_crossing(s, res["target_accuracy"])
     assert len(res["targets"]) == 3
-    tta = {(r["method"], r["cores"]): r["time_to_target_s"] for r in res["runs"]}
+    tta = {(r["method"], r["cores"]): r["time_to_target_smoothed_s"] for r in res["runs"]}
     for t in res["targets"]:  # each target is the ratio of the two runs' measured times, judged against its bound
         a, b = (side.split("@") for side in t["name"].split(" vs "))
         ta, tb = tta[a[0], int(a[1])], tta[b[0], int(b[1])]
@@ -117,11 +157,21 @@ def test_plot_overlays_runs_into_a_png(tmp_path):
                                         (["fig4", "--methods", "nope"], "methods"),
                                         (["fig4", "--max-seconds", "-1"], "max_seconds"),
                                         (["fig3", "--steps", "0"], "steps")])
-def test_bad_bench_arguments_exit_2_naming_them(tmp_path, args, field):
-    r = subprocess.run(PY + ["bench", *args, "--quick", "--out", str(tmp_path / "x")], capture_output=True,
-                       text=True, timeout=120)
-    assert r.returncode == 2 and f"error: --{field.replace('_', '-')}:" in r.stderr, r.stderr
+def test_bad_bench_arguments_exit_2_naming_them(tmp_path, capsys, args, field):
+    code, err = cli_exit(capsys, ["bench", *args, "--quick", "--out", str(tmp_path / "x")])
+    assert code == 2 and f"error: --{field.replace('_', '-')}:" in err, err
     assert not (tmp_path / "x" / "results.json").exists()
+
+
+def cli_exit(capsys, argv: list[str]) -> tuple[int, str]:
+    """``distbelief ARGV`` run in this process (what the console script calls): its exit status and stderr."""
+    from distbelief.cli import main
+
+    try:
+        code = main(argv)
+    except SystemExit as e:  # argparse's own errors
+        code = e.code
+    return code, capsys.readouterr().err
 
 
 def test_targets_are_ratios_of_measured_times():
@@ -172,7 +222,12 @@ def test_throughput_quick_writes_medians_ratios_and_targets(tmp_path):
     model = res["models"]["quick"]
     for name, m in model["methods"].items():
         assert [run["error"] for run in m["runs"]] == [None], name
-        assert m["median_examples_per_s"] > 0 and m["runs"][0]["examples_per_s"] > 0, name
+        # one repeat: the median is that run's examples/s, its summary's: examples over its training time
+        summary = run_summary(m["runs"][0]["run_dir"])
+        assert m["median_examples_per_s"] == m["runs"][0]["examples_per_s"] == summary["examples_per_s"], name
+        assert summary["examples"] > 0 and summary["examples_per_s"] == pytest.approx(
+            summary["examples"] / summary["wall_s"]), name
+        assert m["runs"][0]["stop_reason"] == summary["stop_reason"] == "time budget spent", name
         # the exact config ran, with the method's strategy and the defaults for what the benchmark does not name
         assert m["config"]["strategy"] == ("sgd" if name.startswith("sgd") else name)
         assert m["config"]["max_seconds"] == res["max_seconds"]
@@ -206,8 +261,7 @@ def test_throughput_targets_are_ratios_of_medians():
 @pytest.mark.parametrize("args,field", [(["--methods", "nope"], "methods"), (["--models", "fig9"], "models"),
                                         (["--repeats", "0"], "repeats"), (["--max-seconds", "0"], "max_seconds"),
                                         (["--cores", "1"], "cores")])
-def test_bad_throughput_arguments_exit_2_naming_them(tmp_path, args, field):
-    r = subprocess.run(PY + ["bench", "throughput", *args, "--out", str(tmp_path / "x")], capture_output=True,
-                       text=True, timeout=120)
-    assert r.returncode == 2 and f"error: --{field.replace('_', '-')}:" in r.stderr, r.stderr
+def test_bad_throughput_arguments_exit_2_naming_them(tmp_path, capsys, args, field):
+    code, err = cli_exit(capsys, ["bench", "throughput", *args, "--out", str(tmp_path / "x")])
+    assert code == 2 and f"error: --{field.replace('_', '-')}:" in err, err
     assert not (tmp_path / "x" / "results.json").exists()

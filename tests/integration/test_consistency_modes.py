@@ -17,6 +17,11 @@ def run(faults=STRAGGLER, **kw):
     return train_task(RunConfig(**{**SMALL, **kw}), quiet=True, faults=faults).summary
 
 
+def stragglers_share(dropped: dict[int, int], straggler: int = 1) -> float:
+    """The straggler's part of the gradients dropped (``dropped``: by replica)."""
+    return dropped.get(straggler, 0) / max(1, sum(dropped.values()))
+
+
 def test_ssp_holds_fast_replicas_within_the_bound_of_a_straggler():
     s = run(consistency="ssp", staleness_bound=2)
     assert s["consistency"] == "ssp" and s["staleness_bound"] == 2
@@ -50,6 +55,7 @@ def test_ssp_a_restarted_replica_rejoins_at_the_slowest_clock():
     assert s["clock_gap_max"] <= 1
 
 
+@pytest.mark.slow
 def test_ssp_with_warmstart_and_partitions():
     s = run(consistency="ssp", staleness_bound=1, warmstart_steps=10, faults=None)
     assert s["steps_per_replica"] == [50, 40, 40] and s["clock_gap_max"] <= 1
@@ -58,10 +64,20 @@ def test_ssp_with_warmstart_and_partitions():
 
 
 def test_sync_with_a_backup_replica_drops_the_stragglers_gradients():
-    s = run(consistency="sync", replicas=2, backup_replicas=1)
+    """Replica 1 is 10x slower than the others: each step takes the first two gradients of that step, the quick
+    replicas' (0 and the backup, 2): the gradients dropped are the straggler's, come in after their step (a quick
+    replica's only when a hiccup of the machine made it the slowest for a step)."""
+    dropped = {}
+
+    def probe(trainer, record):  # the final evaluation: the driver's count of dropped gradients by replica
+        dropped.update(trainer.dropped_by_replica)
+
+    s = run(consistency="sync", replicas=2, backup_replicas=1,
+            faults=Faults(straggler_id=1, straggler_slowdown=10, on_evaluation=probe))
     assert s["strategy"] == "sync" and s["consistency"] == "sync" and s["backup_replicas"] == 1
     assert s["updates"] == 40 * 2  # one update per shard per step
-    assert s["dropped_gradients"] > 0
+    assert s["dropped_gradients"] > 0 and sum(dropped.values()) == s["dropped_gradients"]
+    assert stragglers_share(dropped) >= 0.75, dropped
     assert s["staleness_histogram"] == [s["updates"]] + [0] * 7  # a synchronous update is never stale
     # every step applied the mean of 2 gradients: 2 x 16 examples per step
     assert s["examples"] == 40 * 2 * 16
@@ -82,9 +98,12 @@ def test_sync_with_a_backup_replica_survives_a_dead_replica():
 def test_ssp_and_sync_backups_on_ray(tmp_path):
     s = run(runtime="ray", consistency="ssp", staleness_bound=1, max_steps=20, out=str(tmp_path / "ssp"))
     assert s["steps_per_replica"] == [20, 20, 20] and s["clock_gap_max"] == 1 and s["clock_waits"] > 0
+    dropped = {}
     s = run(runtime="ray", consistency="sync", replicas=2, backup_replicas=1, max_steps=20,
-            out=str(tmp_path / "sync"))
+            out=str(tmp_path / "sync"), faults=Faults(straggler_id=1, straggler_slowdown=10,
+                                                      on_evaluation=lambda t, r: dropped.update(t.dropped_by_replica)))
     assert s["updates"] == 20 * 2 and s["dropped_gradients"] > 0 and s["examples"] == 20 * 2 * 16
+    assert sum(dropped.values()) == s["dropped_gradients"] and stragglers_share(dropped) >= 0.75, dropped
 
 
 @pytest.mark.parametrize("mode", [dict(consistency="ssp", staleness_bound=1),

@@ -9,28 +9,55 @@ from distbelief.testing import Faults
 from tests.conftest import make_odd_model
 
 
-def kill_run(tmp_path, durability: str, **kw):
-    """One replica, two shards, a fixed number of steps, shard 1 killed at step 40: deterministic enough that the
-    run always reaches the kill, and every push goes to both shards (the odd model's tensors span them)."""
+def kill_run(tmp_path, durability: str, faults=None, **kw):
+    """One replica, two shards, a fixed number of steps, shard 1 killed at step 40 (unless ``faults`` says
+    otherwise): deterministic enough that the run always reaches the kill, and every push goes to both shards (the
+    odd model's tensors span them)."""
     settings = dict(runtime="inprocess", replicas=1, shards=2, batch_size=64, max_steps=400, max_seconds=0,
                     eval_every_seconds=3600, num_samples=2000,
                     durability=durability, checkpoint_every_seconds=0, out=str(tmp_path / durability))
     settings.update(kw)
-    faults = Faults(kill_shard_at_step=40, kill_shard_id=1)
+    faults = faults or Faults(kill_shard_at_step=40, kill_shard_id=1)
     return train_task(RunConfig(**settings), quiet=True, faults=faults).summary
 
 
+def kill_between_snapshots(every: int):
+    """``(seen, probe)``: a probe (Faults.on_evaluation) that kills shard 1 while the replicas are held for an
+    evaluation (no push in flight), once the shard's last snapshot is a periodic one (at least ``every`` updates
+    in) and it applied fewer than ``every`` updates since, but some: no snapshot is due or being taken, so those
+    updates are certainly lost. ``seen`` gets the shard's version and last snapshot's at the kill. Once the
+    shard is restored, the probe ends the run."""
+    seen = {}
+
+    def probe(trainer, record):
+        if trainer.stop_reason:  # the final evaluation
+            return
+        if not seen:
+            st = trainer.server.stats()[1]
+            if st["snapshot_version"] >= every and 0 < st["updates"] - st["snapshot_version"] < every:
+                seen.update(updates=st["updates"], snapshot=st["snapshot_version"])
+                trainer._kill_shard(1, sum(r.steps for r in trainer.replicas.values()))
+        elif any(e["event"] == "shard restored" for e in trainer.events):
+            trainer.request_stop("shard killed and restored")
+
+    return seen, probe
+
+
 def test_snapshot_mode_reports_exactly_the_updates_it_lost(tmp_path):
-    # A snapshot every 25 updates (in the background): shard 1 dies somewhere after step 40 and comes back from
-    # its last snapshot. Shard 0 applied every push; shard 1 lacks exactly the ones it lost.
-    s = kill_run(tmp_path, "snapshot", checkpoint_every_updates=25)
+    # A snapshot every 25 updates (in the background): shard 1 dies between two of them, with updates applied
+    # since the last, and comes back from that snapshot. Shard 0 applied every push; shard 1 lacks exactly the
+    # updates it had applied after its snapshot. (A step budget far beyond the kill: the probe ends the run.)
+    seen, probe = kill_between_snapshots(25)
+    s = kill_run(tmp_path, "snapshot", faults=Faults(on_evaluation=probe), checkpoint_every_updates=25,
+                 max_steps=10**6, eval_every_seconds=0.05, evaluation="paused")
+    assert s["stop_reason"] == "shard killed and restored"
     up = s["updates_per_shard"]
-    assert s["shard_restarts"] == 1 and s["steps_per_replica"] == [400] and up[0] == 400
+    assert s["shard_restarts"] == 1 and up[0] == s["steps_per_replica"][0]
+    # the loss happened, and is counted exactly: what the shard applied since the snapshot it came back from
+    assert s["updates_lost"] == seen["updates"] - seen["snapshot"] > 0
     assert s["updates_lost"] == up[0] - up[1]
-    # Not everything since the start: the background snapshot at update 25 (or a later one) was used. (It can be 0:
-    # under load the kill may land right on a snapshot's update; the base-snapshot test below always loses some.)
-    killed = next(e for e in s["events"] if e["event"] == "shard killed")
-    assert 0 <= s["updates_lost"] < killed["step"]
+    # not everything since the start: a periodic snapshot (at update 25 or later) was used, not the base one
+    assert seen["snapshot"] >= 25
     restored = next(e for e in s["events"] if e["event"] == "shard restored")
     assert restored["replayed_updates"] == 0 and restored["updates_lost"] == s["updates_lost"]
 
@@ -149,11 +176,16 @@ def test_snapshot_mode_counts_exactly_with_colocated_updates_on_ray(tmp_path):
     """On Ray on one machine the replica applies its pushes to the shards' shared memory itself and is not blocked
     by the death of shard 1's process: it goes on updating the memory that process left until the restarted
     shard is installed. Those updates are lost with it, and still counted exactly: shard 0 applied every push,
-    shard 1 lacks exactly ``updates_lost`` of them."""
-    s = kill_run(tmp_path, "snapshot", runtime="ray", checkpoint_every_updates=25, max_steps=1500)
+    shard 1 lacks exactly ``updates_lost`` of them. Shard 1 dies between two snapshots with updates applied
+    since the last, so the loss is certain: at least those (more when the replica's writes to the dead shard's
+    memory went on after the kill, or the last snapshot's write died with the process)."""
+    seen, probe = kill_between_snapshots(25)
+    s = kill_run(tmp_path, "snapshot", faults=Faults(on_evaluation=probe), runtime="ray",
+                 checkpoint_every_updates=25, max_steps=10**6, eval_every_seconds=0.05, evaluation="paused")
+    assert s["stop_reason"] == "shard killed and restored"
     up = s["updates_per_shard"]
     assert s["replicas_colocated"] == 1
-    assert s["shard_restarts"] == 1 and s["steps_per_replica"] == [1500] and up[0] == 1500
-    assert s["updates_lost"] == up[0] - up[1] >= 0
+    assert s["shard_restarts"] == 1 and up[0] == s["steps_per_replica"][0]
+    assert s["updates_lost"] == up[0] - up[1] >= seen["updates"] - seen["snapshot"] > 0
     restored = next(e for e in s["events"] if e["event"] == "shard restored")
     assert restored["updates_lost"] == s["updates_lost"]

@@ -3,13 +3,13 @@ multi-node Ray cluster, with nothing else restarted; and the settings."""
 
 import pytest
 import ray
-from ray.cluster_utils import Cluster
 
 from distbelief import RunConfig
 from distbelief.api import train_task
 from distbelief.config import config_from
 from distbelief.downpour.elastic import ElasticPlan
 from distbelief.exceptions import ConfigError
+from distbelief.runtime.local_cluster import fake_cluster
 from distbelief.runtime.ray_runtime import SYSTEM_CONFIG, RayRuntime
 from distbelief.testing import Faults
 
@@ -42,7 +42,7 @@ def test_replicas_join_as_a_node_arrives_and_leave_with_it_while_the_run_goes_on
     """One 1-CPU node: the run starts with 1 replica of 1:3. At the first evaluation a 2-CPU node joins: two
     replicas are added there and push. Once both have pushed, that node is removed: its replicas fail, find no
     free CPU and are removed; replica 0 and the shards go on untouched (no restart, no checkpoint read)."""
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "_system_config": SYSTEM_CONFIG})
+    c = fake_cluster(num_cpus=0, _system_config=SYSTEM_CONFIG)
     c.add_node(num_cpus=1)
     c.wait_for_nodes()
     ray.init(address=c.address, logging_level="ERROR")

@@ -18,16 +18,17 @@ pytestmark = pytest.mark.timeout(300)
 
 @pytest.mark.slow
 def test_mnist1d_lc1d_two_replicas_two_partitions_two_shards_reaches_80_percent(tmp_path):
-    # ~30 s here; the budget is only a guard against a run that never gets there (a loaded CI machine took >90 s)
+    # The run stops at 82% (~4,500 steps a replica, ~12 s here; 20,000 steps a replica only guard against a run
+    # that never gets there). The final evaluation follows the replicas' last pushes, asynchronous steps taken until
+    # they saw the stop: it can be a little lower than the one that stopped the run (a clean-clone CI run measured
+    # 0.777 after 0.80), so the run trains on to 82% and the final evaluation must still show 78%.
     cfg = RunConfig(runtime="inprocess", model="lc1d", replicas=2, partitions=2, shards=2,
-                    optimizer="adagrad", lr=0.05, batch_size=64, max_seconds=240, target_accuracy=0.80,
-                    eval_every_seconds=2, out=str(tmp_path / "run"))
+                    optimizer="adagrad", lr=0.05, batch_size=64, max_steps=20000, max_seconds=0,
+                    target_accuracy=0.82, eval_every_seconds=2, out=str(tmp_path / "run"))
     res = train_task(cfg, quiet=True)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    # an evaluation reached 80% and stopped the run; the final one follows the replicas' last pushes (asynchronous
-    # steps taken until they saw the stop: a clean-clone CI run measured 0.777 after 0.80, so 0.75 is the margin)
-    assert summary["stop_reason"] == "target accuracy reached" and summary["best_test_accuracy"] >= 0.80
-    assert summary["final_test_accuracy"] >= 0.75 and summary["partitions"] == 2
+    assert summary["stop_reason"] == "target accuracy reached" and summary["best_test_accuracy"] >= 0.82
+    assert summary["final_test_accuracy"] >= 0.78 and summary["partitions"] == 2
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     # per-partition messaging per step is in the run's metrics: 2 partitions, both sending every step
     assert all(len(rec["partition_bytes_per_step"]) == 2 for rec in lines)
@@ -38,7 +39,9 @@ def test_mnist1d_lc1d_two_replicas_two_partitions_two_shards_reaches_80_percent(
 
 @pytest.mark.parametrize("partitions,shards", [(2, 1), (3, 2), (2, 3)])
 def test_one_partitioned_replica_with_sgd_shards_equals_torch_sgd(partitions, shards):
-    """Each partition fetches and pushes only its own range; together they are exactly plain SGD."""
+    """Each partition fetches and pushes only its own range; together they are plain SGD (to float32 rounding,
+    not bit for bit: the reference computes the same model in one piece, whose matrix products sum in another
+    order)."""
     data, test = toy_classification(96, d_in=12, classes=4), toy_classification(32, d_in=12, classes=4, seed=1)
     model_fn = partial(build_model, "mlp-small", (12,), 4, partitions)
     steps, lr, bs, seed = 6, 0.1, 16, 3
@@ -68,7 +71,8 @@ def test_partition_settings_errors_name_the_field():
 
 
 def test_sgd_strategy_with_partitions_is_one_partitioned_replica_equal_to_torch_sgd(tmp_path):
-    """--strategy sgd --partitions P: each partition updates its own parameters; together exactly torch SGD."""
+    """--strategy sgd --partitions P: each partition updates its own parameters; together torch SGD (to float32
+    rounding, as above)."""
     data, test = toy_classification(96, d_in=12, classes=4), toy_classification(32, d_in=12, classes=4, seed=1)
     model_fn = partial(build_model, "mlp-small", (12,), 4, 3)
     steps, lr, bs, seed = 7, 0.1, 16, 5

@@ -3,6 +3,7 @@ from the server's parameters while the other replica keeps training; a parameter
 client is pointed at the restarted shard and nothing is lost."""
 
 import dataclasses
+import re
 import threading
 import time
 from collections import Counter
@@ -16,10 +17,9 @@ from distbelief.api import train_task
 from distbelief.testing import Faults
 from tests.conftest import config_and_faults
 
-# A replica group that waited out a receive timeout instead of failing at once would take at least
-# REMOTE_TIMEOUT_S to come back; a prompt failure + fresh group takes well under RECOVERY_BOUND_S.
+# A replica group that waited out a receive timeout instead of failing at once would fail with that timeout, not
+# with its killed partition's death (assert_group_restarted reads which from the driver's log).
 REMOTE_TIMEOUT_S = 45.0
-RECOVERY_BOUND_S = {"inprocess": 10.0, "ray": 30.0}
 # Modest targets (lc1d reaches ~0.8 given minutes): reached some seconds after the failure on this 2-core machine.
 TARGET = {"inprocess": 0.6, "ray": 0.5}
 
@@ -33,12 +33,15 @@ def partition_config(runtime: str, **kw):
     return config_and_faults(**settings)
 
 
-def assert_group_restarted(summary: dict, runtime: str) -> None:
+def assert_group_restarted(summary: dict, runtime: str, log: str, partition_id: int) -> None:
     assert summary["replica_restarts"] == 1 and summary["replicas_lost"] == 0
     killed = next(e for e in summary["events"] if e["event"] == "replica killed")
     restarted = next(e for e in summary["events"] if e["event"] == "replica restarted")
     assert killed["id"] == restarted["id"] == 1  # only the group with the dead partition; replica 0 went on
-    assert restarted["wall_s"] - killed["wall_s"] < RECOVERY_BOUND_S[runtime]  # failed promptly, no hang
+    # The group failed at once, for its killed partition's death, not after waiting out a receive timeout.
+    failed = re.findall(r"replica 1 failed \((.*?)\); decision", log, re.DOTALL)  # (a remote error spans lines)
+    assert len(failed) == 1 and re.search(rf"partition {partition_id}('s process died| was killed)", failed[0]), \
+        failed
     assert summary["stop_reason"] == "target accuracy reached"
     assert summary["best_test_accuracy"] >= TARGET[runtime] and summary["time_to_target_s"] > killed["wall_s"]
 
@@ -70,14 +73,15 @@ def test_kill_partition_id_errors_name_the_field():
 # ---------------------------------------------------------------- in process (partitions as threads)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("partition_id", [0, 1])  # the head (it drives the lockstep) and a non-head partition
-def test_inprocess_partition_killed_restarts_its_group_not_the_job(partition_id):
+def test_inprocess_partition_killed_restarts_its_group_not_the_job(partition_id, capsys):
     threads_before = {t.ident for t in threading.enumerate()}
     cfg, faults = partition_config("inprocess", kill_replica_at_step=30, kill_replica_id=1,
                                    kill_partition_id=partition_id)
-    res = train_task(cfg, quiet=True, faults=faults)
-    assert_group_restarted(res.summary, "inprocess")
+    res = train_task(cfg, quiet=False, faults=faults)
+    assert_group_restarted(res.summary, "inprocess", capsys.readouterr().err, partition_id)
     # The dead group's partition threads (and every other group's) were released, not left idling.
     deadline = time.monotonic() + 5
     while (leaked := [t.name for t in threading.enumerate()
@@ -86,6 +90,7 @@ def test_inprocess_partition_killed_restarts_its_group_not_the_job(partition_id)
     assert not leaked
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_inprocess_shard_killed_during_partitioned_run():
     cfg, faults = partition_config("inprocess", kill_shard_at_step=30, kill_shard_id=1,
@@ -119,7 +124,7 @@ def wait_until_nothing_live(timeout_s: float = 10.0) -> tuple[int, Counter]:
 @pytest.mark.usefixtures("ray_local")
 class TestRayPartitionFaults:
     @pytest.mark.timeout(180)
-    def test_ray_partition_process_killed_restarts_its_group_and_leaks_nothing(self):
+    def test_ray_partition_process_killed_restarts_its_group_and_leaks_nothing(self, capsys):
         assert wait_until_nothing_live() == (0, Counter())
         snapshots = []  # (training clock, live placement groups, live actors) at every evaluation
 
@@ -127,8 +132,8 @@ class TestRayPartitionFaults:
             snapshots.append((record["wall_s"], *live_ray_state()))
 
         cfg, faults = partition_config("ray", kill_replica_at_step=30, kill_replica_id=1, kill_partition_id=1)
-        res = train_task(cfg, quiet=True, faults=dataclasses.replace(faults, on_evaluation=snapshot))
-        assert_group_restarted(res.summary, "ray")
+        res = train_task(cfg, quiet=False, faults=dataclasses.replace(faults, on_evaluation=snapshot))
+        assert_group_restarted(res.summary, "ray", capsys.readouterr().err, 1)
         # Before the kill and after the restart: one placement group and two partition actors per replica, one
         # group actor per replica, one actor per shard -- the dead group left nothing behind.
         killed_at, restarted_at = (next(e["wall_s"] for e in res.summary["events"] if e["event"] == name)

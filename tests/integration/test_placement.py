@@ -5,13 +5,19 @@ push, and synchronous steps whose gradients go from replica to shard without the
 import pytest
 import ray
 import torch
-from ray.cluster_utils import Cluster
 
 from distbelief import RunConfig, train
 from distbelief.api import train_task
 from distbelief.exceptions import ConfigError
 from distbelief.ps.sharding import ShardLayout
-from distbelief.runtime.ray_runtime import SHARD_NODE_RESOURCE, SYSTEM_CONFIG, RayRuntime, connect, started_locally
+from distbelief.runtime.local_cluster import fake_cluster
+from distbelief.runtime.ray_runtime import (
+    SHARD_NODE_RESOURCE,
+    SYSTEM_CONFIG,
+    RayRuntime,
+    connect,
+    started_locally,
+)
 from distbelief.testing import Faults
 from tests.conftest import make_odd_model
 
@@ -60,7 +66,7 @@ def test_two_replicas_of_two_partitions_on_two_cores_run_oversubscribed(two_core
 @pytest.mark.timeout(120)
 def test_a_joined_cluster_refuses_more_replicas_than_it_has_cpus(toy_data):
     ray.shutdown()
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    c = fake_cluster(num_cpus=1)
     try:
         runtime = RayRuntime(address=c.address)
         assert not started_locally()
@@ -80,7 +86,7 @@ def test_a_joined_cluster_refuses_more_replicas_than_it_has_cpus(toy_data):
 def three_nodes():
     """Head (1 CPU, the driver's node) + 2 workers (2 CPUs each)."""
     ray.shutdown()
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": SYSTEM_CONFIG})
+    c = fake_cluster(num_cpus=1, _system_config=SYSTEM_CONFIG)
     for _ in range(2):
         c.add_node(num_cpus=2)
     c.wait_for_nodes()
@@ -163,7 +169,7 @@ def test_sync_on_three_nodes_matches_inprocess_and_shards_receive_slice_x_replic
 @pytest.mark.timeout(180)
 def test_shards_land_only_on_nodes_dedicated_to_them(toy_data):
     ray.shutdown()
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "_system_config": SYSTEM_CONFIG})
+    c = fake_cluster(num_cpus=2, _system_config=SYSTEM_CONFIG)
     dedicated = c.add_node(num_cpus=0, resources={SHARD_NODE_RESOURCE: 1})
     c.wait_for_nodes()
     try:

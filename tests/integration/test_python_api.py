@@ -13,10 +13,11 @@ from tests.conftest import make_odd_model, toy_classification
 _ALL = toy_classification(n=600, seed=3).tensors
 TRAIN, TEST = TensorDataset(_ALL[0][:480], _ALL[1][:480]), TensorDataset(_ALL[0][480:], _ALL[1][480:])
 STEPS = {"sgd": {}, "sync": {}, "downpour": {}, "sandblaster": {"lbfgs_batch": 200, "portion_size": 50},
-         "hogwild": {}}
+         "hogwild": {}, "ddp": {}}
 
 
-@pytest.mark.parametrize("strategy", sorted(STEPS))
+@pytest.mark.parametrize("strategy", [pytest.param(k, marks=pytest.mark.slow) if k in ("ddp", "hogwild") else k
+                                      for k in sorted(STEPS)])  # (worker processes: slow)
 def test_callbacks_get_a_typed_evaluation_for_every_strategy(strategy, tmp_path):
     seen: list[Evaluation] = []
     res = train(make_odd_model, TRAIN, TEST, strategy=strategy, runtime="inprocess", replicas=2, shards=2,

@@ -39,6 +39,7 @@ def runtime():
     rt.shutdown()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shards,replicas", [(1, 1), (1, 3), (3, 1), (3, 3)])
 def test_convex_oracle_matches_single_process_lbfgs(runtime, logreg, shards, replicas):
     ds, expected = logreg
@@ -112,6 +113,7 @@ def test_replica_killed_mid_batch_run_completes_and_oracle_holds(runtime, logreg
     torch.testing.assert_close(read(), expected, atol=1e-4, rtol=0)
 
 
+@pytest.mark.slow
 def test_trainer_writes_the_run_directory_with_sandblaster_counters(tmp_path, toy_data):
     from tests.conftest import make_odd_model
 
@@ -133,6 +135,7 @@ def test_trainer_writes_the_run_directory_with_sandblaster_counters(tmp_path, to
     assert res.summary == json.loads((tmp_path / "run" / "summary.json").read_text())
 
 
+@pytest.mark.slow
 def test_trainer_restarts_a_killed_replica(toy_data):
     from tests.conftest import make_odd_model
 

@@ -58,18 +58,19 @@ def test_ray_convex_oracle_holds_with_a_replica_process_killed_mid_batch(runtime
     torch.testing.assert_close(read(), expected, atol=1e-4, rtol=0)
 
 
-def test_ray_mnist1d_mlp_reaches_70_percent(tmp_path):
+def test_ray_mnist1d_mlp_reaches_80_percent(tmp_path):
     # Mini-batch L-BFGS (8,000 of the 32,000 training examples per iteration; two passes per iteration) reaches
     # 80% in ~130-150 iterations; full batch needs about as many iterations at twice the cost per iteration.
-    # The test asks for 70% (chance is 10%): the same mechanics in less of the suite's 10 minutes.
+    # 400 iterations only guard against a run that never gets there.
     cfg = RunConfig(runtime="ray", strategy="sandblaster", task="mnist1d", model="mlp", num_samples=40000,
                     replicas=2, shards=2, lbfgs_batch=8000, portion_size=1000, push_every_portions=2, history=20,
-                    max_seconds=240, target_accuracy=0.7, eval_every_seconds=2, out=str(tmp_path / "run"))
+                    max_steps=400, max_seconds=0, target_accuracy=0.8, eval_every_seconds=2,
+                    out=str(tmp_path / "run"))
     train_task(cfg, quiet=True)
     summary, _ = check_run_dir(tmp_path / "run", "sandblaster",
                                RUN_FIELDS | {"shards", "time_to_target_s", "updates_per_shard"})
     assert not {"staleness_mean", "staleness_max", "rejected_pushes"} & summary.keys()  # none, rather than zeros
-    assert summary["runtime"] == "ray" and summary["final_test_accuracy"] >= 0.7
+    assert summary["runtime"] == "ray" and summary["final_test_accuracy"] >= 0.8
     assert summary["stop_reason"] == "target accuracy reached"
     assert summary["portions_done"] == 8 * summary["gradient_evals"]
 

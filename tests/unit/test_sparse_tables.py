@@ -210,7 +210,7 @@ def test_dense_embedding_module_trains_as_its_sparse_twin():
     ds = ctr_data()
     res = run_downpour(lambda: TinyCTR(sparse=False), ds, shards=2)
     ref = torch_reference(TinyCTR, ds, 25)
-    torch.testing.assert_close(res.flat_params, ref, atol=1e-6, rtol=0)
+    assert torch.equal(res.flat_params, ref)
 
 
 def test_fetch_every_refreshes_rows_at_most_every_n_steps():
@@ -232,7 +232,7 @@ def test_fetch_every_refreshes_rows_at_most_every_n_steps():
         with torch.no_grad():
             for a, p in zip(acc, model.parameters()):
                 p.add_(a, alpha=-0.05)
-    torch.testing.assert_close(res.flat_params, flatten(model), atol=1e-6, rtol=0)
+    assert torch.equal(res.flat_params, flatten(model))
     assert res.summary["updates_per_shard"] == [2, 2]
 
 
@@ -314,7 +314,7 @@ def test_a_killed_table_shard_restarts_from_its_snapshot_and_reports_what_it_los
 
 
 @pytest.mark.parametrize("settings,field", [
-    (dict(strategy="sync"), "strategy"), (dict(partitions=2), "partitions"),
+    (dict(strategy="sandblaster"), "strategy"), (dict(partitions=2), "partitions"),
 ])
 def test_what_tables_cannot_do_yet_is_refused_before_any_worker_starts(settings, field):
     ds = ctr_data(n=64)
@@ -429,4 +429,7 @@ def test_a_table_read_without_its_module_is_refused_unless_the_model_declares_it
         opt.zero_grad()
         F.cross_entropy(model(x), y).backward()
         opt.step()
+    # To float32 rounding, not bit for bit: e0's gradient reaches the server as rows (the nonzero rows of its
+    # dense gradient) and is applied there by a row update, whose rounding differs from torch's dense step by up to
+    # a few 1e-7.
     torch.testing.assert_close(res.flat_params, flatten(model), atol=1e-6, rtol=0)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from distbelief import RunConfig
-from distbelief.api import train_task
+from distbelief.api import task_parts, train_task
 from distbelief.data.tasks import TaskSpec, _key, load_task
 from distbelief.exceptions import ConfigError
 
@@ -42,12 +42,22 @@ def test_training_accuracy_probe_and_evaluation_subset():
                 eval_every_seconds=3600, batch_size=32, lr=0.1)
     plain = train_task(RunConfig(**base), quiet=True)
     assert plain.metrics[-1]["train_accuracy"] is None
-    probed = train_task(RunConfig(**base, train_eval_samples=300, eval_samples=100), quiet=True)
+    cfg = RunConfig(**base, train_eval_samples=300, eval_samples=100).validate()
+    probed = train_task(cfg, quiet=True)
     rec = probed.metrics[-1]
-    assert 0.0 <= rec["train_accuracy"] <= 1.0
-    # 100 test examples: accuracy is a multiple of 1/100; the parameters are those of the plain run
-    assert abs(rec["test_accuracy"] * 100 - round(rec["test_accuracy"] * 100)) < 1e-9
+    # the parameters are those of the plain run: the probe and the subset change what is measured, not training
     assert torch.equal(probed.flat_params, plain.flat_params)
+    # recomputed here from the final model: the training accuracy on the run's fixed sample of 300 training
+    # examples (drawn with seed + 17), the test accuracy on the first 100 test examples
+    parts = task_parts(cfg)
+    train = parts.train_fn()
+    pick = torch.randperm(len(train), generator=torch.Generator().manual_seed(cfg.seed + 17))[:300]
+    x, y = train[pick]
+    tx, ty = parts.test[:100]
+    model = probed.model.eval()
+    with torch.no_grad():
+        train_right, test_right = int((model(x).argmax(1) == y).sum()), int((model(tx).argmax(1) == ty).sum())
+    assert rec["train_accuracy"] == train_right / 300 and rec["test_accuracy"] == test_right / 100
 
 
 @pytest.mark.parametrize("model,classes", [("speech-paper", 8192), ("speech-tiny", 256), ("speech-small", 256)])
