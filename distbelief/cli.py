@@ -11,6 +11,7 @@ from pathlib import Path
 
 from distbelief.config import (APPLIES_TO, DURABILITY_MODES, FIELD_HELP, LOCAL_STRATEGIES, OPTIMIZERS, SECTIONS,
                                RunConfig, config_from, ignored_by_strategy, load_toml, saved_run_values, section_of)
+from distbelief import stopping
 from distbelief.exceptions import ClusterUnreachableError, ConfigError, DistBeliefError
 
 CHOICES = {
@@ -263,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"directory {result.run_dir}")
             else:
                 print(f"final test accuracy {s['final_test_accuracy']:.4f}; run directory {result.run_dir}")
-            if result.summary.get("stop_reason") == "interrupted":
+            if result.summary.get("stop_reason") == stopping.INTERRUPTED:
                 if result.summary.get("strategy") not in LOCAL_STRATEGIES:  # those keep no checkpoints
                     print(f"interrupted; continue with: distbelief train --resume {result.run_dir}", file=sys.stderr)
                 return 130

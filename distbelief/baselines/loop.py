@@ -14,10 +14,12 @@ from typing import Any
 
 import torch
 
+from distbelief import stopping
+from distbelief.buffers import buffers_of
 from distbelief.evaluation import evaluate_job
 from distbelief.metrics import Clock, EvalSchedule, RunRecorder
-from distbelief.buffers import buffers_of
 from distbelief.ps.sharding import flatten
+from distbelief.stopping import StopRule
 from distbelief.summary import RunSummary, rate
 
 
@@ -34,7 +36,8 @@ class OneReplicaRun:
     def __init__(self, job, recorder: RunRecorder):
         self.job, self.cfg, self.rec = job, job.cfg, recorder
         self.steps, self.examples, self.loss_ema = 0, 0, math.nan
-        self.best, self.time_to_target, self.stop_reason = -1.0, None, "step limit reached"
+        self.best, self.time_to_target = -1.0, None
+        self.stop = StopRule(self.cfg.max_steps, self.cfg.max_seconds, lambda: self.clock.elapsed())
         self.schedule = EvalSchedule(self.cfg.eval_every_seconds, recorder.log)
         self.next_eval = self.cfg.eval_every_seconds
         self.clock = Clock()  # started again when run() starts training
@@ -60,15 +63,12 @@ class OneReplicaRun:
 
     # ------------------------------------------------------------------ the shell
     def limit_reached(self) -> bool:
-        """Whether the step limit or the time budget is spent (sets ``stop_reason``)."""
-        cfg = self.cfg
-        if cfg.max_steps and self.steps >= cfg.max_steps:
-            self.stop_reason = "step limit reached"
-            return True
-        if cfg.max_seconds and self.clock.elapsed() >= cfg.max_seconds:
-            self.stop_reason = "time budget spent"
-            return True
-        return False
+        """Whether the step limit or the time budget is spent (then ``stop_reason`` says which)."""
+        return self.stop.check(steps=self.steps)
+
+    @property
+    def stop_reason(self) -> str:
+        return self.stop.reason or stopping.STEP_LIMIT
 
     def eval_due(self) -> bool:
         return self.clock.elapsed() >= self.next_eval
@@ -79,7 +79,7 @@ class OneReplicaRun:
 
     def seconds_left(self) -> float:
         """Training seconds left of the time budget (inf: none set)."""
-        return max(0.0, self.cfg.max_seconds - self.clock.elapsed()) if self.cfg.max_seconds else math.inf
+        return self.stop.seconds_left()
 
     def run(self) -> tuple[RunSummary, torch.Tensor, dict | None]:
         """Train, evaluating when due, until the target, the step limit or the time budget; evaluate once more
@@ -93,7 +93,7 @@ class OneReplicaRun:
                     self._evaluate()
                     self.next_eval = self.clock.elapsed() + self.schedule.interval(time.monotonic() - t0)
                 if self.time_to_target is not None:
-                    self.stop_reason = "target accuracy reached"
+                    self.stop.end(stopping.TARGET)
                     break
                 if self.limit_reached():
                     break

@@ -32,16 +32,24 @@ from typing import Any
 
 import torch
 
+from distbelief import stopping
 from distbelief.baselines.processes import check_picklable, context, exit_text, free_port
 from distbelief.baselines.progress import DONE, READY, SharedProgress
 from distbelief.baselines.single import make_torch_optimizer
-from distbelief.baselines.workers import (WorkerSpec, ddp_worker, hogwild_worker, param_digest, startup_timeout_s,
-                                          worker_main)
+from distbelief.baselines.workers import (
+    WorkerSpec,
+    ddp_worker,
+    hogwild_worker,
+    param_digest,
+    startup_timeout_s,
+    worker_main,
+)
 from distbelief.buffers import buffers_of
 from distbelief.evaluation import evaluate_job
 from distbelief.exceptions import DistBeliefError, RemoteTimeoutError, RoleFailedError
 from distbelief.metrics import Clock, EvalSchedule, RunRecorder
 from distbelief.ps.sharding import flatten
+from distbelief.stopping import StopRule
 from distbelief.summary import RunSummary, rate
 from distbelief.testing.faults import FaultInjector
 
@@ -77,8 +85,9 @@ class MultiprocessRun:
         self.lost: dict[int, str] = {}
         self.events: list[dict] = []
         self.clock: Clock | None = None
-        self.best, self.time_to_target, self.stop_reason = -1.0, None, ""
-        self._stop_requested = ""  # request_stop(reason)
+        self.best, self.time_to_target = -1.0, None
+        # the run's stop rule (distbelief/stopping.py); the step limit is the workers' own (each stops at it)
+        self.stop = StopRule(cfg.max_steps, cfg.max_seconds, lambda: self.clock.elapsed() if self.clock else 0.0)
         self.faults = FaultInjector(job.faults)
 
     @property
@@ -88,7 +97,11 @@ class MultiprocessRun:
     def request_stop(self, reason: str) -> None:
         """End the run at the next supervision tick, with ``reason`` as its stop reason (as Downpour's driver: a
         test probe's way to end a run once what it waited for happened, instead of a time budget)."""
-        self._stop_requested = reason
+        self.stop.request(reason)
+
+    @property
+    def stop_reason(self) -> str:
+        return self.stop.reason
 
     # ------------------------------------------------------------------ processes
     def _start_workers(self) -> None:
@@ -293,7 +306,7 @@ class MultiprocessRun:
             poll_s = 0.005 if self.faults.pending else 0.25  # a pending kill watches the step count closely
             self._collect_exits(min(next_eval - self.clock.elapsed(), poll_s))
             if not self.training:  # every worker reached max_steps (the lost ones were counted above)
-                self.stop_reason = "step limit reached"
+                self.stop.end(stopping.STEP_LIMIT)
                 return
             self._check_hangs(last_progress)
             self._maybe_inject_fault()
@@ -302,14 +315,7 @@ class MultiprocessRun:
                 self._evaluate_paused()
                 next_eval = self.clock.elapsed() + schedule.interval(time.monotonic() - t0)
                 last_progress.clear()  # the workers were paused on purpose: no step then is not a hang
-            if self._stop_requested:
-                self.stop_reason = self._stop_requested
-                return
-            if self.time_to_target is not None:
-                self.stop_reason = "target accuracy reached"
-                return
-            if cfg.max_seconds and self.clock.elapsed() >= cfg.max_seconds:
-                self.stop_reason = "time budget spent"
+            if self.stop.check(target_reached=self.time_to_target is not None):
                 return
 
     def run(self) -> tuple[RunSummary, torch.Tensor, dict | None]:
@@ -327,11 +333,11 @@ class MultiprocessRun:
             try:
                 self._supervise()
             except KeyboardInterrupt:
-                self.stop_reason = "interrupted"
+                self.stop.end(stopping.INTERRUPTED)
                 self.rec.log("interrupted: stopping the workers, then a final evaluation")
             except DistBeliefError as e:
                 failure = e
-                self.stop_reason = "failed"
+                self.stop.end(stopping.FAILED)
             # after a failure there is nothing to wait for: survivors of a broken DDP group hang or error
             self._stop_workers(5.0 if failure else self.timeout_s)
         finally:

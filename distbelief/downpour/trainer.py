@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from distbelief import stopping
 from distbelief.buffers import average, buffers_of, load_buffers
 from distbelief.downpour.elastic import ElasticPlan
 from distbelief.downpour.replica import ReplicaRecipe, ReplicaSettings
@@ -29,6 +30,7 @@ from distbelief.ps.sharding import flatten, unflatten_into
 from distbelief.ps.slicer import Slicer
 from distbelief.resume import load_server_state, read_trainer_state, retire_checkpoints, write_trainer_state
 from distbelief.runtime.base import Future, Role, Runtime
+from distbelief.stopping import StopRule
 from distbelief.summary import RunSummary, rate
 from distbelief.supervisor import Decision, RestartPolicy, Supervisor
 from distbelief.testing.faults import FaultInjector
@@ -120,8 +122,8 @@ class ParameterServerTrainer:
         self.eval_schedule = EvalSchedule(cfg.eval_every_seconds, self.rec.log)
         self.best_acc = p.get("best_acc", -1.0)
         self.time_to_target: float | None = p.get("time_to_target")
-        self.stop_reason = ""
-        self._stop_requested = ""  # request_stop(reason)
+        # the run's stop rule (distbelief/stopping.py); the step limit is the replicas' own (each stops at it)
+        self.stop = StopRule(cfg.max_steps, cfg.max_seconds, lambda: self.clock.elapsed() if self.clock else 0.0)
         self.examples_sync = p.get("examples_sync", 0)
         # restarts and losses of the run we resume carry over (the policy's budget is per run, not per resume)
         self.supervisor = Supervisor(RestartPolicy(max_restarts=cfg.max_replica_restarts),
@@ -347,27 +349,21 @@ class ParameterServerTrainer:
             self.final_buffers = average(got)
             load_buffers(self.eval_model, self.final_buffers)
 
+    @property
+    def stop_reason(self) -> str:
+        return self.stop.reason
+
     def _time_left(self) -> float:
-        if not self.cfg.max_seconds:
-            return math.inf
-        return self.cfg.max_seconds - self.clock.elapsed()
+        return self.stop.seconds_left()
 
     def request_stop(self, reason: str) -> None:
         """End the run at the next supervision tick, with ``reason`` as its stop reason (a probe's way to end a
         run once what it waited for happened, instead of a time budget; callable from the driver's thread)."""
-        self._stop_requested = reason
+        self.stop.request(reason)
 
     def _should_stop(self) -> bool:
-        if self._stop_requested:
-            self.stop_reason = self.stop_reason or self._stop_requested
-            return True
-        if self.time_to_target is not None and not (self.job.faults.finish_faults and self.faults.pending):
-            self.stop_reason = self.stop_reason or "target accuracy reached"
-            return True
-        if self._time_left() <= 0:
-            self.stop_reason = self.stop_reason or "time budget spent"
-            return True
-        return False
+        target = self.time_to_target is not None and not (self.job.faults.finish_faults and self.faults.pending)
+        return self.stop.check(target_reached=target)
 
     # ---------------------------------------------------------------- Downpour
     def _run_replica(self, rid: int, max_steps: int | None) -> None:
@@ -596,14 +592,13 @@ class ParameterServerTrainer:
                 self.train()
             except KeyboardInterrupt:
                 # Ctrl-C / SIGTERM: stop the replicas, then fall through to the final evaluation and checkpoint.
-                self.stop_reason = "interrupted"
+                self.stop.end(stopping.INTERRUPTED)
                 self.rec.log("interrupted: stopping replicas and writing a final checkpoint "
                              f"(resume with: distbelief train --resume {cfg.out or 'RUN_DIR'})")
                 self._stop_all_replicas()
                 if self.clock is None:
                     raise
-            if not self.stop_reason:
-                self.stop_reason = "step limit reached"
+            self.stop.end(stopping.STEP_LIMIT)  # (if nothing else ended it: every replica ran its steps)
             wall = self.clock.elapsed()
             self._check_shards()
             final = self.evaluate_now()

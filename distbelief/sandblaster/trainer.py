@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from distbelief import stopping
 from distbelief.buffers import average, buffers_of, load_buffers
 from distbelief.evaluation import evaluate_job
 from distbelief.exceptions import ConfigError, RemoteTimeoutError, RoleFailedError
@@ -34,6 +35,7 @@ from distbelief.sandblaster.coordinator import Coordinator, CoordinatorSettings,
 from distbelief.sandblaster.lbfgs import LBFGSSettings
 from distbelief.sandblaster.replica import SandblasterReplicaRecipe, SandblasterReplicaSettings
 from distbelief.sandblaster.state import ResumePoint, find_resume_point, resliced_shard, tidy, write_state
+from distbelief.stopping import StopRule
 from distbelief.summary import RunSummary, rate
 from distbelief.supervisor import Decision, RestartPolicy, Supervisor
 from distbelief.testing.faults import FaultInjector
@@ -114,7 +116,7 @@ class SandblasterTrainer:
         # time to target counts only for the target it was measured against
         same_target = prev.get("target_accuracy") == cfg.target_accuracy
         self.time_to_target: float | None = prev.get("time_to_target") if same_target else None
-        self.stop_reason = ""
+        self.stop = StopRule(cfg.max_steps, cfg.max_seconds, lambda: self.clock.elapsed() if self.clock else 0.0)
         # Replica restarts and drops. Each run has the policy's full budget per replica (a resumed run starts
         # every replica afresh); the totals reported count on from the run that was resumed.
         self.supervisor = Supervisor(RestartPolicy(max_restarts=cfg.max_replica_restarts),
@@ -330,7 +332,7 @@ class SandblasterTrainer:
                 # iteration checkpoint, then fall through to the final evaluation and state file.
                 if self.coord is None or self.clock is None:
                     raise
-                self.stop_reason = "interrupted"
+                self.stop.end(stopping.INTERRUPTED)
                 self.rec.log("interrupted: dropping the iteration in progress and writing a final checkpoint "
                              f"(resume with: distbelief train --resume {cfg.out or 'RUN_DIR'})")
                 if self.coord.abandon_iteration():
@@ -341,7 +343,7 @@ class SandblasterTrainer:
             flat = self.server_params()
             steps = self._replica_portions()
             self._write_state()  # the final numbers (best accuracy, clock) with the last checkpoint
-            if self.resume_point is not None and self.stop_reason != "interrupted":
+            if self.resume_point is not None and self.stop_reason != stopping.INTERRUPTED:
                 tidy(self.checkpoint_dir)  # no write in flight now; a reshard to fewer shards left old files
         finally:
             roles = [s.role for s in self.coord.slots.values()] if self.coord else list(replicas.values())
@@ -377,6 +379,14 @@ class SandblasterTrainer:
         self.final_flat = flat  # final_buffers: the replicas' average at the final evaluation
         return summary
 
+    @property
+    def stop_reason(self) -> str:
+        return self.stop.reason
+
+    def request_stop(self, reason: str) -> None:
+        """End the run before its next iteration, with ``reason`` as its stop reason (as Downpour's driver)."""
+        self.stop.request(reason)
+
     def _iterate(self, coord: Coordinator) -> None:
         """L-BFGS iterations until a stop condition; each finished iteration is checkpointed before anything else.
 
@@ -385,19 +395,13 @@ class SandblasterTrainer:
         next_eval = self.clock.elapsed() + cfg.eval_every_seconds
         schedule = EvalSchedule(cfg.eval_every_seconds, self.rec.log)
         while True:
-            if cfg.max_steps and coord.iterations >= cfg.max_steps:  # counts iterations across resumes
-                self.stop_reason = "step limit reached"
-                return
-            if self.time_to_target is not None:
-                self.stop_reason = "target accuracy reached"
-                return
-            if cfg.max_seconds and self.clock.elapsed() >= cfg.max_seconds:
-                self.stop_reason = "time budget spent"
+            # (iterations count across resumes)
+            if self.stop.check(steps=coord.iterations, target_reached=self.time_to_target is not None):
                 return
             result = coord.step()
             coord.checkpoint()
-            if result.stopped:
-                self.stop_reason = result.stopped
+            if result.stopped:  # L-BFGS's own end (converged, or no descent direction left)
+                self.stop.end(result.stopped)
                 return
             if self.clock.elapsed() >= next_eval:
                 t0 = time.monotonic()

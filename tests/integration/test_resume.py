@@ -111,6 +111,7 @@ def test_sigterm_is_handled_like_ctrl_c(tmp_path):
     assert json.loads((out / "summary.json").read_text())["stop_reason"] == "interrupted"
 
 
+@pytest.mark.slow
 def test_resume_over_a_corrupted_checkpoint_uses_the_previous_one_and_says_so(tmp_path, capsys):
     out = tmp_path / "run"
     base = dict(runtime="inprocess", replicas=2, shards=2, max_steps=60, max_seconds=0, eval_every_seconds=3600,
@@ -129,6 +130,7 @@ def test_resume_over_a_corrupted_checkpoint_uses_the_previous_one_and_says_so(tm
     assert again.summary["updates_per_shard"] == [120, 120]
 
 
+@pytest.mark.slow
 def test_partitioned_run_resumes_and_reshards(tmp_path):
     base = dict(runtime="inprocess", model="lc1d", partitions=2, replicas=2, shards=2, max_steps=30, max_seconds=0,
                 eval_every_seconds=3600, num_samples=2000, batch_size=16, out=str(tmp_path / "run"))

@@ -46,6 +46,7 @@ def runtime():
     rt.shutdown()
 
 
+@pytest.mark.slow
 def test_shard_killed_mid_gradient_evaluation_is_restarted_and_the_result_is_unchanged(
         runtime, logreg, undisturbed, tmp_path):
     """At iteration 4, once part of the batch gradient has reached the shards, shard 1 dies: it is restarted

@@ -103,6 +103,7 @@ def test_without_a_run_directory_it_warns_and_records_in_memory():
     assert len(rec.records) == 1
 
 
+@pytest.mark.slow
 def test_cli_flag_and_lazy_import(tmp_path):
     args = build_parser().parse_args(["train", "--tensorboard", "--out", str(tmp_path / "r")])
     assert config_from_args(args).tensorboard is True

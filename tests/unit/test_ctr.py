@@ -113,6 +113,7 @@ def test_dlrm_small_takes_one_row_per_example_and_has_sparse_tables():
         build_model("dlrm-small", (39,), 2)
 
 
+@pytest.mark.slow  # ~4 s with a fresh data cache
 def test_a_short_single_process_run_reports_auc_and_the_planted_optimum(cache, tmp_path):
     from distbelief.api import train_task
 
