@@ -86,7 +86,7 @@ def run_on_cluster(rows: int, dim: int, tables: int = 4, shards: int = 4, nodes:
             res = train(partial(WideTables, rows, dim, tables), data, test, runtime=runtime, loss_fn=bce,
                         metric_fn=accuracy, strategy="downpour", replicas=replicas, shards=shards,
                         optimizer=optimizer, lr=lr, max_steps=steps, max_seconds=0, batch_size=batch_size,
-                        durability=durability, seed=seed, quiet=True, eval_every_seconds=eval_every_seconds,
+                        durability=durability, seed=seed, quiet=settings.pop("quiet", True), eval_every_seconds=eval_every_seconds,
                         faults=Faults(on_evaluation=probe), **settings)
             t_train = time.perf_counter()
             trainer = seen["trainer"]
@@ -102,7 +102,7 @@ def run_on_cluster(rows: int, dim: int, tables: int = 4, shards: int = 4, nodes:
         out["summary"] = {k: s.get(k) for k in (
             "steps_per_replica", "updates_per_shard", "rejected_pushes", "table_rows", "table_parameters",
             "rows_pushed", "rows_fetched", "best_test_accuracy", "final_test_accuracy", "wall_s",
-            "examples_per_s", "num_parameters")}
+            "examples_per_s", "num_parameters", "replica_restarts", "shard_restarts", "updates_lost", "events")}
         out["summary"]["test_loss"] = res.metrics[-1].get("test_loss") if res.metrics else None
         positives = float(test.tensors[1].mean())
         out["majority_accuracy"] = max(positives, 1 - positives)  # what a model that learnt nothing scores

@@ -69,6 +69,9 @@ class SingleProcessRun(OneReplicaRun):
     def summary_fields(self) -> dict:
         return {"threads": self.job.threads}
 
+    def close(self) -> None:
+        self.batches.close()  # DataLoader workers, if any: now, not whenever the run is collected
+
 
 def run_single_process(job, recorder: RunRecorder) -> tuple[RunSummary, torch.Tensor, dict | None]:
     """Train with ``torch.optim`` (SGD or Adagrad, as ``optimizer``) on all the training data."""

@@ -59,6 +59,12 @@ class BatchSource:
             return x, y
         return self.take(self._next_indices())
 
+    def close(self) -> None:
+        """Stop the DataLoader workers now, if any (a later batch starts them again). Left to the garbage
+        collector, their shutdown would come at an arbitrary later moment and may wait seconds for them there."""
+        loader, self._loader = self._loader, None
+        _shutdown(loader)
+
     def take(self, idx) -> tuple[torch.Tensor, torch.Tensor]:
         if self._tensors is not None:
             t = torch.from_numpy(np.asarray(idx))
@@ -66,6 +72,14 @@ class BatchSource:
             return x, y
         x, y = self._collate([self.dataset[int(i)] for i in idx])
         return x, y
+
+
+def _shutdown(loader_iter) -> None:
+    """Shut down a DataLoader iterator's worker processes (torch's own shutdown: it sends each its stop, joins it
+    and closes the queues); nothing for None or an iterator without workers."""
+    stop = getattr(loader_iter, "_shutdown_workers", None)
+    if stop is not None:
+        stop()
 
 
 class _Endless:
@@ -114,6 +128,11 @@ class StreamBatches:
             self._loader = DataLoader(share, batch_size=None, collate_fn=_as_is, num_workers=self._workers,
                                       persistent_workers=True, multiprocessing_context="spawn")
         return iter(self._loader)
+
+    def close(self) -> None:
+        """Stop the DataLoader workers now, if any (as BatchSource.close); a later batch starts a new pass."""
+        loader, self._loader, self._batches = self._loader, None, None
+        _shutdown(getattr(loader, "_iterator", None))
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         batch = next(self._batches, None) if self._batches is not None else None

@@ -331,6 +331,9 @@ class ModelReplica:
             return self._loop(limit, deadline)
         finally:
             self._running = False
+            close = getattr(self.batches, "close", None)  # its DataLoader workers, if any: now, not when collected
+            if close is not None:
+                close()
             if self.clocks is not None:
                 self.clocks.retire(self.replica_id)  # finished or failed: it holds no one back
 

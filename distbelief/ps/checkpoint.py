@@ -13,8 +13,12 @@ updates it had acknowledged are not lost. Nothing here uses pickle.
 from __future__ import annotations
 
 import hashlib
+import json
+import math
+import os
 import struct
 import zlib
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -24,7 +28,7 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from distbelief.files import atomic_write
+from distbelief.files import atomic_write, fsync_dir
 
 
 class CorruptCheckpoint(Exception):
@@ -53,6 +57,62 @@ def save_checkpoint(root: str | Path, shard_id: int, meta: dict[str, int], tenso
     metadata["sha256"] = _digest(tensors)
     blob = st_save(tensors, metadata=metadata)
     final = atomic_write(d / f"ckpt-{int(meta['version']):012d}.safetensors", blob)
+    for old in sorted(d.glob("ckpt-*.safetensors"))[:-keep]:
+        old.unlink(missing_ok=True)
+    return final
+
+
+_ST_DTYPES = {torch.float32: "F32", torch.float64: "F64", torch.float16: "F16", torch.bfloat16: "BF16",
+              torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+              torch.bool: "BOOL"}
+
+
+def save_checkpoint_streamed(root: str | Path, shard_id: int, meta: dict[str, int],
+                             specs: dict[str, tuple[torch.dtype, tuple[int, ...]]],
+                             pieces: Callable[[str], Iterable[torch.Tensor]], keep: int = 3) -> Path:
+    """``save_checkpoint`` for a state too large to copy whole: tensor ``name`` (``specs[name]``: its dtype and
+    shape) is written from ``pieces(name)``, consecutive pieces of it along its first dimension, as they come, in
+    a temporary file renamed into place. The file — safetensors with the same metadata and checksum — reads back
+    exactly as ``save_checkpoint``'s of the same tensors would."""
+    d = shard_dir(root, shard_id)
+    d.mkdir(parents=True, exist_ok=True)
+    names = sorted(specs)
+    header: dict = {}
+    at = 0
+    for name in names:
+        dtype, shape = specs[name]
+        size = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        header[name] = {"dtype": _ST_DTYPES[dtype], "shape": list(shape), "data_offsets": [at, at + size]}
+        at += size
+    placeholder = "0" * 64  # the checksum, known once the data is written: written over this, in place
+    header["__metadata__"] = {**{k: str(v) for k, v in meta.items()}, "sha256": placeholder}
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)  # safetensors' alignment of the data
+    mark = f'"sha256":"{placeholder}"'.encode()
+    where = 8 + head.index(mark) + len(b'"sha256":"')
+    final = d / f"ckpt-{int(meta['version']):012d}.safetensors"
+    tmp = final.parent / f".{final.name}.tmp{os.getpid()}"
+    h = hashlib.sha256()
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(head)))
+        f.write(head)
+        for name in names:
+            h.update(name.encode())
+            begin, end = header[name]["data_offsets"]
+            wrote = 0
+            for piece in pieces(name):
+                raw = piece.contiguous().numpy().reshape(-1).view(np.uint8)
+                h.update(raw)
+                f.write(raw)
+                wrote += raw.nbytes
+            if wrote != end - begin:
+                raise ValueError(f"checkpoint tensor {name}: {wrote} bytes written, {end - begin} expected")
+        f.seek(where)
+        f.write(h.hexdigest().encode())
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, final)
+    fsync_dir(final.parent)
     for old in sorted(d.glob("ckpt-*.safetensors"))[:-keep]:
         old.unlink(missing_ok=True)
     return final

@@ -16,6 +16,7 @@ from typing import Callable, Self
 import torch
 
 from distbelief.ps.arrays import PARAMS
+from distbelief.ps.cow import TableSnapshot
 from distbelief.ps.rules import persistent
 
 
@@ -105,14 +106,16 @@ class DurableShard:
     COUNTERS = ("version", "examples", "rejected_pushes", "staleness_sum", "staleness_max", "staleness_count",
                 "bytes_pushed", "bytes_fetched")
 
-    def _state(self, copy_into: dict[str, torch.Tensor] | None = None) -> tuple[dict, dict[str, torch.Tensor]]:
+    def _state(self, copy_into: dict[str, torch.Tensor] | None = None,
+               tables: bool = True) -> tuple[dict, dict[str, torch.Tensor]]:
         """``(meta, tensors)`` of a checkpoint of the current state. With ``copy_into`` the tensors are copies
-        in those (reused) buffers, so the live state may change while they are written."""
+        in those (reused) buffers, so the live state may change while they are written. Without ``tables``
+        the table arrays are left out (a copy-on-write snapshot writes them: ps/cow.py)."""
         meta = {"shard_id": self.shard_id, "lo": self.lo, "hi": self.hi, "total": self.total}
         meta.update({k: getattr(self, k) for k in self.COUNTERS})
         if self.tables:
             meta["table_layout"] = self.slicer.layout_id()
-        tensors = {PARAMS: self.vectors[PARAMS], **self._table_arrays()}
+        tensors = {PARAMS: self.vectors[PARAMS], **(self._table_arrays() if tables else {})}
         tensors.update({f"opt.{k}": v for k, v in persistent(self.optimizer, self.opt_state).items()})
         if copy_into is not None:
             for name, v in tensors.items():
@@ -125,12 +128,32 @@ class DurableShard:
             tensors["dedup.seqs"] = torch.tensor(list(self.last_seq.values()), dtype=torch.int64)
         return meta, tensors
 
-    def _write(self, meta: dict, tensors: dict[str, torch.Tensor]) -> None:
-        """Save one checkpoint; in log mode, then drop the logs no kept checkpoint needs."""
-        from distbelief.ps.checkpoint import save_checkpoint, shard_dir
+    def _write(self, meta: dict, tensors: dict[str, torch.Tensor], cow: TableSnapshot | None = None) -> None:
+        """Save one checkpoint (with ``cow``, the tables from that copy-on-write snapshot, a chunk at a time under
+        the lock); in log mode, then drop the logs no kept checkpoint needs."""
+        from distbelief.ps.checkpoint import save_checkpoint, save_checkpoint_streamed, shard_dir
 
         d = self.durability
-        save_checkpoint(d.root, self.shard_id, meta, tensors, keep=d.keep)
+        if cow is None and not self.tables:
+            save_checkpoint(d.root, self.shard_id, meta, tensors, keep=d.keep)
+        else:  # tables: streamed, never a whole copy of the state in memory (safetensors' save builds one)
+            def pieces(name: str):
+                if name in tensors:
+                    yield tensors[name]
+                    return
+                for c in range(cow.num_chunks(name)):
+                    with self.lock:
+                        piece = cow.take(name, c)
+                    yield piece
+
+            specs = {n: (t.dtype, tuple(t.shape)) for n, t in {**tensors, **(cow.arrays if cow else {})}.items()}
+            try:
+                save_checkpoint_streamed(d.root, self.shard_id, meta, specs, pieces, keep=d.keep)
+            finally:
+                if cow is not None:
+                    with self.lock:
+                        self._cow = None
+                        self.cow_bytes_max = max(self.cow_bytes_max, cow.saved_bytes_max)
         self.checkpoints_written += 1
         if self._wal is not None:
             kept = sorted(shard_dir(d.root, self.shard_id).glob("ckpt-*.safetensors"))
@@ -168,9 +191,15 @@ class DurableShard:
         if self._writer.error is not None:
             self._writer.wait()  # raises: a shard that cannot save its state must say so, not go on silently
         with self.lock:
-            meta, tensors = self._state(copy_into=self._snap_bufs)
+            # Tables are written copy-on-write (ps/cow.py) unless co-located replicas change them from their
+            # own processes (a shared state): then everything is copied, as a dense shard's slice is.
+            cow = None
+            if self.tables and not self._shared:
+                cow = TableSnapshot(self._table_arrays(), self._table_groups())
+            meta, tensors = self._state(copy_into=self._snap_bufs, tables=cow is None)
+            self._cow = cow
             self._mark_snapshot()
-        self._writer.submit(lambda: self._write(meta, tensors))
+        self._writer.submit(lambda: self._write(meta, tensors) if cow is None else self._write(meta, tensors, cow))
         self.snapshot_s += time.perf_counter() - t0
 
     def _after_update(self, start: int, stop: int, num_examples: int, g: torch.Tensor, session: int = 0,

@@ -138,6 +138,8 @@ class ParameterShard(DurableShard, ReplicatedShard, VectorAlgebra, ShardTables):
         self._wal = None
         self._writer = SnapshotWriter()
         self._snap_bufs: dict[str, torch.Tensor] = {}  # reused by every background snapshot
+        self._cow = None  # the copy-on-write snapshot of the tables being written (ps/cow.py), if one is
+        self.cow_bytes_max = 0  # the most table chunks a snapshot had to save from pushes at once
         self.snapshot_s = 0.0  # time the push path spent copying state for background snapshots
         if durability is not None:
             from distbelief.ps.checkpoint import WriteAheadLog
@@ -320,8 +322,10 @@ class ParameterShard(DurableShard, ReplicatedShard, VectorAlgebra, ShardTables):
     def memory(self) -> dict:
         """What this shard holds and what its process measures (ps/memory.py; docs/tables.md, "Tables larger than
         one process"): ``table_bytes`` (its rows of every table and their rule state), ``dense_bytes`` (its dense
-        range and the rule's state for it), ``snapshot_bytes`` (the reused copy a background snapshot takes of
-        both: none until the first one), ``process`` (``process_memory()`` now) and ``base`` (the same, taken
+        range and the rule's state for it), ``snapshot_bytes`` (the reused copy a background snapshot takes: of
+        the dense part; of the tables too only when they are shared with co-located replicas, else they are
+        written copy-on-write, ps/cow.py), ``snapshot_cow_bytes_max`` (the most table chunks a snapshot saved
+        from pushes at once), ``process`` (``process_memory()`` now) and ``base`` (the same, taken
         before the shard allocated anything). ``shared``: the state lives in /dev/shm for co-located replicas
         (then it is not in this process's USS)."""
         with self.lock:
@@ -330,7 +334,8 @@ class ParameterShard(DurableShard, ReplicatedShard, VectorAlgebra, ShardTables):
             dense = self._params_np.nbytes + tensor_bytes(self.opt_state.values())
         return {"shard_id": self.shard_id, "pid": os.getpid(), "table_rows": sum(t.num_rows for t in self.tables),
                 "table_bytes": table, "dense_bytes": dense, "snapshot_bytes": tensor_bytes(self._snap_bufs.values()),
-                "shared": self._shared is not None, "process": process_memory(), "base": self.base_memory}
+                "snapshot_cow_bytes_max": self.cow_bytes_max,
+                "checkpoints_written": self.checkpoints_written, "shared": self._shared is not None, "process": process_memory(), "base": self.base_memory}
 
     def stats(self) -> dict:
         return {

@@ -116,6 +116,10 @@ class ShardTables:
             out.update({f"{TABLE_PREFIX}{t}.opt.{k}": v for k, v in persistent(self.optimizer, tab.state).items()})
         return out
 
+    def _table_groups(self) -> dict[str, int]:
+        """The row group of each of ``_table_arrays``' names."""
+        return {name: int(name[len(TABLE_PREFIX):].split(".")[0]) for name in self._table_arrays()}
+
     def _load_table_arrays(self, arrays: dict) -> None:
         """Copy ``_table_arrays``-named arrays (a primary's, for its backup: ps/replication.py) into our rows and
         row state, in place. Every row group must be there: a backup without its primary's rows is no copy."""
@@ -177,10 +181,12 @@ class ShardTables:
         if rows is None:
             return 0
         nbytes = 0
-        for tab, entry in zip(self.tables, rows):
+        for t, (tab, entry) in enumerate(zip(self.tables, rows)):
             if entry is None:
                 continue
             ids, values = entry
+            if self._cow is not None:  # a snapshot is being written: save what these rows were, first
+                self._cow.before_write(t, ids)
             tab.apply(self.optimizer, ids, values, scale)
             if count:
                 self.rows_pushed += len(ids)
