@@ -129,8 +129,8 @@ class DurableShard:
         return meta, tensors
 
     def _write(self, meta: dict, tensors: dict[str, torch.Tensor], cow: TableSnapshot | None = None) -> None:
-        """Save one checkpoint (with ``cow``, the tables from that copy-on-write snapshot, a chunk at a time under
-        the lock); in log mode, then drop the logs no kept checkpoint needs."""
+        """Save one checkpoint (with ``cow``, the tables from that copy-on-write snapshot, a chunk at a time: it
+        has a lock of its own against the pushes); in log mode, then drop the logs no kept checkpoint needs."""
         from distbelief.ps.checkpoint import save_checkpoint, save_checkpoint_streamed, shard_dir
 
         d = self.durability
@@ -142,18 +142,15 @@ class DurableShard:
                     yield tensors[name]
                     return
                 for c in range(cow.num_chunks(name)):
-                    with self.lock:
-                        piece = cow.take(name, c)
-                    yield piece
+                    yield cow.take(name, c)
 
             specs = {n: (t.dtype, tuple(t.shape)) for n, t in {**tensors, **(cow.arrays if cow else {})}.items()}
             try:
                 save_checkpoint_streamed(d.root, self.shard_id, meta, specs, pieces, keep=d.keep)
             finally:
-                if cow is not None:
-                    with self.lock:
-                        self._cow = None
-                        self.cow_bytes_max = max(self.cow_bytes_max, cow.saved_bytes_max)
+                if cow is not None:  # (a push that still saves into it after this costs nothing but the copy)
+                    self._cow = None
+                    self.cow_bytes_max = max(self.cow_bytes_max, cow.saved_bytes_max)
         self.checkpoints_written += 1
         if self._wal is not None:
             kept = sorted(shard_dir(d.root, self.shard_id).glob("ckpt-*.safetensors"))

@@ -271,11 +271,11 @@ class InProcessRuntime(Runtime):
             return []
         # A split call wraps its thread's future (base._WholeSplit): wait on that one, so a split call counts as
         # done only once it is (a straggler's answer must not look as early as a quick replica's).
-        threads, other = {}, []
+        threads, other = set(), []
         for f in futures:
             t = f.inner if isinstance(f, _WholeSplit) else f
             if isinstance(t, _ThreadFuture):
-                threads.setdefault(t._fut, []).append(f)
+                threads.add(t._fut)
             else:
                 other.append(f)
         done = [f for f in futures if f.done()]
