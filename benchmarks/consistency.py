@@ -89,7 +89,7 @@ def straggler(out: Path, steps: int, log=print) -> list[dict]:
     for name, extra in conditions:
         run_dir = out / "straggler" / name.replace(" ", "_").replace(",", "").replace("+", "plus")
         cfg = RunConfig(**common, **extra, out=str(run_dir))
-        res = train_task(cfg, quiet=True, faults=Faults(straggler_id=2, straggler_slowdown=4.0))
+        res = train_task(cfg, quiet=True, hooks=Faults(straggler_id=2, straggler_slowdown=4.0))
         s = res.summary
         # sync: lockstep steps per second (one update per shard per step); async/ssp: a replica's mean steps/s
         if s["strategy"] == "sync":

@@ -49,7 +49,7 @@ def one_run(out: Path, seconds: float, join_at: float | None, leave_at: float) -
     cfg = RunConfig(runtime="ray", replicas=1, max_replicas=3, shards=2, batch_size=32, max_seconds=seconds,
                     eval_every_seconds=1.0, durability="off", out=str(out))
     try:
-        s = train_task(cfg, quiet=True, runtime=runtime, faults=Faults(on_evaluation=probe)).summary
+        s = train_task(cfg, quiet=True, runtime=runtime, hooks=Faults(on_evaluation=probe)).summary
     finally:
         runtime.shutdown()
         ray.shutdown()

@@ -83,7 +83,7 @@ def main() -> None:
         def one(name: str, faults: Faults, removed: dict | None = None) -> None:
             runtime = RayRuntime(remote_timeout_s=60)
             try:
-                s = train_task(settings(args.seconds, out, name), quiet=True, runtime=runtime, faults=faults).summary
+                s = train_task(settings(args.seconds, out, name), quiet=True, runtime=runtime, hooks=faults).summary
             finally:
                 runtime.shutdown()
             rows.append(summarize(name, s, (removed or {}).get("wall_s")))

@@ -69,7 +69,7 @@ def main() -> None:
         args.model, dict(model=args.model))
     cfg = RunConfig(**task, max_seconds=args.seconds, eval_every_seconds=5.0, out="")
     t0 = time.time()
-    res = train_task(cfg, faults=Faults(on_evaluation=probe))
+    res = train_task(cfg, hooks=Faults(on_evaluation=probe))
     out = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t0)), "model": args.model,
            "num_parameters": res.summary["num_parameters"], "replicas": res.summary["replicas"],
            "shards": res.summary["shards"], "examples_per_s": res.summary["examples_per_s"],

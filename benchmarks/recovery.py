@@ -26,7 +26,7 @@ from distbelief.testing import Faults
 def run(name: str, seconds: float, kill_at: int, out: Path, **faults) -> dict:
     cfg = RunConfig(runtime="ray", replicas=2, shards=2, batch_size=64, max_seconds=seconds, eval_every_seconds=2,
                     checkpoint_every_seconds=5, durability="log", seed=1, out=str(out / name))
-    s = train_task(cfg, quiet=True, faults=Faults(**faults)).summary
+    s = train_task(cfg, quiet=True, hooks=Faults(**faults)).summary
     ev = s.get("events", [])
     killed = [e for e in ev if e["event"].endswith("killed")]
     back = [e for e in ev if e["event"] in ("shard restored", "replica restarted")]

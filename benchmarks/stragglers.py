@@ -51,7 +51,7 @@ def run_once(args, overrides: dict, straggler: dict) -> dict:
                     lbfgs_batch=args.num_samples, portion_size=args.portion_size,
                     push_every_portions=args.push_every_portions, history=10, max_steps=args.iterations,
                     max_seconds=0, eval_every_seconds=3600, **overrides)
-    s = train_task(cfg, quiet=True, faults=Faults(portion_delay_s=args.portion_delay_s, **straggler)).summary
+    s = train_task(cfg, quiet=True, hooks=Faults(portion_delay_s=args.portion_delay_s, **straggler)).summary
     return {k: s[k] for k in ("wall_s", "iterations", "gradient_evals", "line_search_evals", "portions_done",
                               "portions_duplicated", "backup_tasks_issued", "steps_per_replica",
                               "final_train_loss")}

@@ -87,7 +87,7 @@ def run_on_cluster(rows: int, dim: int, tables: int = 4, shards: int = 4, nodes:
                         metric_fn=accuracy, strategy="downpour", replicas=replicas, shards=shards,
                         optimizer=optimizer, lr=lr, max_steps=steps, max_seconds=0, batch_size=batch_size,
                         durability=durability, seed=seed, quiet=settings.pop("quiet", True), eval_every_seconds=eval_every_seconds,
-                        faults=Faults(on_evaluation=probe), **settings)
+                        hooks=Faults(on_evaluation=probe), **settings)
             t_train = time.perf_counter()
             trainer = seen["trainer"]
             out["shards"] = [{**runtime.call(s, "memory").result(60), "node": runtime.node_of(s)}

@@ -172,6 +172,9 @@ def check_tables(model: torch.nn.Module, cfg: RunConfig) -> None:
         raise ConfigError("partitions", f"{why}: a partitioned replica does not serve table rows yet")
     if cfg.device not in ("cpu", "auto"):
         raise ConfigError("device", f"{why}: replicas with tables compute on the CPU")
+    if cfg.compress != "none":
+        raise ConfigError("compress", f"{why}: their pushes carry only the rows a minibatch touched already; "
+                                      f"compressing the rest is not built yet (use --compress none)")
 
 
 def compact_subset(dataset, indices) -> "torch.utils.data.TensorDataset":
@@ -213,7 +216,7 @@ def train(
     metric_fn: Callable[[torch.Tensor, torch.Tensor], float] | None = None,
     collate_fn: Callable | None = None,
     loader_workers: int = 0,
-    faults=None,
+    hooks=None,
     **settings: Any,
 ) -> TrainResult:
     """Train ``model_fn()`` on ``train_data`` with the strategy in ``config`` (Downpour by default;
@@ -247,7 +250,9 @@ def train(
             and the whole ``metrics.jsonl`` record in ``values``). Raising stops the run with that error.
         resume: continue the run in ``config.out`` from its shards' checkpoints (possibly with a different
             number of shards); its metrics and counters continue.
-        faults: failures and slowdowns to inject (``distbelief.testing.Faults``; tests and benchmarks).
+        hooks: a ``distbelief.hooks.RunHooks``: code called at run steps it asks for, after each evaluation
+            and inside each replica after each step, without the strategies knowing what it does (e.g.
+            ``distbelief.testing.Faults``, which injects failures and slow machines for tests and benchmarks).
 
     Returns:
         TrainResult with the summary, metrics, final flat parameters and a model holding them.
@@ -264,9 +269,12 @@ def train(
 
         warnings.warn(f"{name} has no effect with strategy {cfg.strategy!r} (it is read by: "
                       f"{', '.join(APPLIES_TO[name])})", stacklevel=2)
-    from distbelief.testing.faults import Faults
+    from distbelief.hooks import RunHooks
 
-    faults = (faults or Faults()).validate(cfg.replicas_started, cfg.shards, cfg.partitions)
+    hooks = hooks if hooks is not None else RunHooks()
+    if not isinstance(hooks, RunHooks):
+        raise ConfigError("hooks", f"must be a distbelief.hooks.RunHooks, got {type(hooks).__name__}")
+    hooks.check(cfg)
     if not isinstance(loader_workers, int) or isinstance(loader_workers, bool) or loader_workers < 0:
         raise ConfigError("loader_workers", f"must be an integer >= 0, got {loader_workers!r}")
     if collate_fn is not None or loader_workers:
@@ -314,7 +322,7 @@ def train(
         else:
             pick = torch.randperm(len(ds), generator=torch.Generator().manual_seed(cfg.seed + 17))
             train_probe = compact_subset(ds, pick[: cfg.train_eval_samples].tolist())
-    job = Job(cfg, model_fn, train_data, test_data, loss_fn, _resolve_threads(cfg), train_probe, faults,
+    job = Job(cfg, model_fn, train_data, test_data, loss_fn, _resolve_threads(cfg), train_probe, hooks,
               metric_fn)
     # A mean cross-entropy above the ceiling is divergence; a custom loss's scale is unknown: relative rule only.
     ceiling = DIVERGENCE_CEILING if custom_loss is None else math.inf
@@ -485,10 +493,10 @@ def task_job(cfg: RunConfig):
 
 
 def train_task(cfg: RunConfig, quiet: bool = False, runtime=None, resume: bool = False,
-               callbacks: list | None = None, faults=None) -> TrainResult:
-    """Train a shipped task/model pair described entirely by ``cfg`` (``faults``: see ``train``), with the task's
+               callbacks: list | None = None, hooks=None) -> TrainResult:
+    """Train a shipped task/model pair described entirely by ``cfg`` (``hooks``: see ``train``), with the task's
     loss and metric (ctr: log-loss and AUC; the others: cross-entropy and accuracy)."""
     cfg = dataclasses.replace(cfg).validate()
     job = task_parts(cfg)
     return train(job.model_fn, job.train_fn, job.test, cfg, loss_fn=job.loss_fn, metric_fn=job.metric_fn,
-                 quiet=quiet, runtime=runtime, resume=resume, callbacks=callbacks, faults=faults)
+                 quiet=quiet, runtime=runtime, resume=resume, callbacks=callbacks, hooks=hooks)

@@ -27,14 +27,15 @@ from distbelief.exceptions import ConfigError
 from distbelief.ps.rules import RULES, has_torch_optimizer
 
 __all__ = [
-    "APPLIES_TO", "CONSISTENCY_MODES", "DURABILITY_MODES", "EVALUATION_MODES", "FIELD_HELP", "LOCAL_STRATEGIES",
-    "RANGES", "RUNTIMES", "RunConfig", "OPTIMIZERS", "SECTIONS", "STRATEGIES", "config_from", "ignored_by_strategy",
-    "load_toml", "saved_run_values", "section_of",
+    "APPLIES_TO", "COMPRESSION", "CONSISTENCY_MODES", "DURABILITY_MODES", "EVALUATION_MODES", "FIELD_HELP",
+    "LOCAL_STRATEGIES", "RANGES", "RUNTIMES", "RunConfig", "OPTIMIZERS", "SECTIONS", "STRATEGIES", "config_from",
+    "ignored_by_strategy", "load_toml", "saved_run_values", "section_of",
 ]
 
 STRATEGIES = ("sgd", "sync", "downpour", "sandblaster", "hogwild", "ddp")
 LOCAL_STRATEGIES = ("hogwild", "ddp")  # torch.multiprocessing baselines: this machine, no parameter server
 CONSISTENCY_MODES = ("async", "ssp", "sync")  # Downpour's consistency knob (docs/consistency.md)
+COMPRESSION = ("none", "fp16", "topk", "qsgd", "powersgd")  # what a push sends (distbelief/compression)
 # The server update rules (distbelief/ps/rules); auto: adagrad on a parameter server (downpour, sync), sgd otherwise
 OPTIMIZERS = ("auto", *RULES)
 DURABILITY_MODES = ("off", "snapshot", "log", "replicate")
@@ -86,6 +87,9 @@ RANGES: dict[str, Range] = {
     "warmstart_steps": Range(0),  # 0: no warmstart, every replica starts at once
     "staleness_bound": Range(0),  # 0: lockstep without a barrier
     "backup_replicas": Range(0),  # 0: no backup replicas
+    "compress_ratio": Range(0, open_low=True, high=1),
+    "compress_bits": Range(2, high=8),  # and one of 2, 4, 8 (_check_choices)
+    "compress_rank": Range(1),
     "max_steps": Range(0),  # 0: no step limit (another stop condition must be set)
     "max_seconds": Range(0),  # 0: no time limit (another stop condition must be set)
     "target_accuracy": Range(0, high=1),  # 0: no target
@@ -143,6 +147,12 @@ class RunConfig:
     consistency: str = "async"
     staleness_bound: int = 3
     backup_replicas: int = 0
+    # compressed pushes (distbelief/compression): none, fp16, topk, qsgd or powersgd
+    compress: str = "none"
+    compress_ratio: float = 0.01  # topk: the share of each shard range's values a push keeps
+    compress_bits: int = 4  # qsgd: bits per value (2, 4 or 8)
+    compress_rank: int = 4  # powersgd: the rank of each weight matrix's approximation
+    compress_fetch: str = "none"  # what a fetch sends: none (float32) or fp16
     # when to stop
     max_steps: int = 0
     max_seconds: float = 60.0
@@ -233,6 +243,11 @@ class RunConfig:
         choose("runtime", self.runtime, RUNTIMES)
         choose("durability", self.durability, DURABILITY_MODES)
         choose("evaluation", self.evaluation, EVALUATION_MODES)
+        choose("compress", self.compress, COMPRESSION)
+        choose("compress_fetch", self.compress_fetch, ("none", "fp16"))
+        if self.compress_bits not in (2, 4, 8):
+            raise ConfigError("compress_bits", f"must be 2, 4 or 8 (bits per value, packed into bytes), got "
+                                               f"{self.compress_bits!r}")
 
     def _check_target_auc(self) -> bool:
         """Whether ``target_auc`` is set (it is then a valid AUC, for the ctr task, not contradicting
@@ -331,6 +346,7 @@ class RunConfig:
         self._check_sandblaster()
         self._check_optimizer()
         self._check_consistency()
+        self._check_compression()
         self._check_elastic()
         self._check_device()
         if self.address and self.strategy in LOCAL_STRATEGIES:
@@ -388,6 +404,12 @@ class RunConfig:
         if self.partitions > 1:
             raise ConfigError("replicas", "MIN:MAX (elastic replicas) runs unpartitioned replicas; use "
                                           "partitions = 1 or a fixed replica count")
+
+    def _check_compression(self) -> None:
+        for name in ("compress", "compress_fetch"):
+            if getattr(self, name) != "none" and self.partitions > 1:
+                raise ConfigError(name, "partitioned replicas push and fetch uncompressed (each partition its own "
+                                        "range); use none or --partitions 1")
 
     def _check_consistency(self) -> None:
         if self.consistency == "ssp" and self.strategy != "downpour":
@@ -494,6 +516,16 @@ FIELD_HELP: dict[str, str] = {
                        "(0 = lockstep without a barrier)",
     "backup_replicas": "consistency sync: start this many replicas beyond --replicas; each step applies the mean "
                        "of the first --replicas gradients and drops the rest (stragglers do not hold a step up)",
+    "compress": "what each push sends the shards: none (float32), fp16 (2 bytes a value), topk (the largest "
+                "compress_ratio of each shard's values, with their positions), qsgd (QSGD: compress_bits bits a "
+                "value, randomly rounded, unbiased) or powersgd (PowerSGD: each weight matrix as a rank "
+                "compress_rank product); with error feedback (what a push leaves out is added to the next). For "
+                "links slower than the replicas: on one machine it only costs (docs/compression.md)",
+    "compress_ratio": "compress topk: the share of each shard range's values a push keeps, in (0, 1]",
+    "compress_bits": "compress qsgd: bits per value (2, 4 or 8)",
+    "compress_rank": "compress powersgd: the rank of each weight matrix's approximation",
+    "compress_fetch": "what a fetch sends the replicas: none (float32) or fp16 (half the bytes; the replicas "
+                      "compute on parameters rounded to float16, the shards keep float32)",
     "overlap": "prefetch the next parameters while computing (one step staler; measured slower than the default "
                "fused push-fetch loop on one machine, see benchmarks/RESULTS.md)",
     "max_steps": "stop after this many steps per replica (sandblaster: L-BFGS iterations) (0 = no limit)",
@@ -577,12 +609,14 @@ def config_from(values: dict[str, Any], base: RunConfig | None = None) -> RunCon
 # Settings that only some strategies read (the others would silently ignore them).
 _DOWNPOUR_ONLY = ("fetch_every", "push_every", "local_lr", "overlap", "warmstart_steps", "staleness_aware",
                   "staleness_bound")
+_COMPRESSION = ("compress", "compress_ratio", "compress_bits", "compress_rank", "compress_fetch")
 _WITH_SERVER = ("downpour", "sync", "sandblaster")  # strategies with parameter shards
 APPLIES_TO: dict[str, tuple[str, ...]] = {
     **{name: ("downpour",) for name in _DOWNPOUR_ONLY},
     **{name: ("sandblaster",) for name in SECTIONS["sandblaster"]},
     "consistency": ("downpour", "sync"),
     "backup_replicas": ("sync",),
+    **{name: ("downpour", "sync") for name in _COMPRESSION},
     "device": ("sgd", "sync", "downpour"),
     **{name: _WITH_SERVER for name in SECTIONS["durability"]},
     # sandblaster's shards checkpoint their vectors after every iteration: no snapshot cadence, no write-ahead log

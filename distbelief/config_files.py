@@ -24,7 +24,8 @@ SECTIONS: dict[str, tuple[str, ...]] = {
             "init_params", "device"),
     "stop": ("max_steps", "max_seconds", "target_accuracy", "target_auc"),
     "downpour": ("fetch_every", "push_every", "local_lr", "overlap", "staleness_aware", "warmstart_steps",
-                 "max_replica_restarts", "consistency", "staleness_bound", "backup_replicas"),
+                 "max_replica_restarts", "consistency", "staleness_bound", "backup_replicas", "compress",
+                 "compress_ratio", "compress_bits", "compress_rank", "compress_fetch"),
     "sandblaster": ("lbfgs_batch", "portion_size", "history", "push_every_portions", "backup_tasks"),
     "eval": ("eval_every_seconds", "evaluation", "eval_samples", "train_eval_samples", "metrics_port"),
     "durability": ("durability", "checkpoint_every_seconds", "checkpoint_every_updates", "log_max_mb",
@@ -133,7 +134,7 @@ def refuse_former_test_hook(name: str) -> None:
     """ConfigError when ``name`` is one of FORMER_TEST_HOOKS, saying where fault injection went."""
     if name in FORMER_TEST_HOOKS:
         raise ConfigError(name, "fault injection is test tooling, not a run setting: pass "
-                                "distbelief.testing.Faults(...) to train(..., faults=...)")
+                                "distbelief.testing.Faults(...) to train(..., hooks=...)")
 
 
 # Settings whose default ("auto") was written 0 before None stood for it: an older run's config.toml holds

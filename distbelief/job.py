@@ -27,11 +27,11 @@ class Job:
     loss_fn: Callable
     threads: int
     train_probe: Dataset | None = None  # a fixed sample of the training set for training accuracy (or None)
-    faults: Any = None  # distbelief.testing.Faults to inject (tests and benchmarks), or None
+    hooks: Any = None  # distbelief.hooks.RunHooks (e.g. distbelief.testing.Faults); None: none
     metric_fn: Callable | None = None  # metric_fn(outputs, targets) -> float over a whole set; None = accuracy
 
     def __post_init__(self):
-        if self.faults is None:
-            from distbelief.testing.faults import Faults
+        if self.hooks is None:
+            from distbelief.hooks import RunHooks
 
-            self.faults = Faults()
+            self.hooks = RunHooks()

@@ -7,12 +7,18 @@ waited for happened), the step limit (``max_steps``), the target metric reached 
 excluded, on the driver's clock). Whatever ended it is its ``reason``, recorded in ``summary.json``'s
 ``stop_reason`` with the words below; an interrupt (Ctrl-C, SIGTERM) or a failure ends it too (``end``). The first
 reason found is kept.
+
+The rule also keeps what every driver reports of its evaluations (``evaluated``): the best metric and the training
+time at which the target was first reached, and it fills the fields of ``RunSummary`` that every driver fills the
+same way (``outcome_fields``), so no driver writes them on its own.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+
+from distbelief.summary import rate
 
 STEP_LIMIT = "step limit reached"
 TARGET = "target accuracy reached"
@@ -25,10 +31,28 @@ class StopRule:
     """The stop conditions of one run. ``elapsed()``: the run's training seconds so far (the driver's clock, which
     may start after the rule is made)."""
 
-    def __init__(self, max_steps: int, max_seconds: float, elapsed: Callable[[], float]):
+    def __init__(self, max_steps: int, max_seconds: float, elapsed: Callable[[], float],
+                 target: float | None = None, best: float = -1.0, time_to_target: float | None = None):
         self.max_steps, self.max_seconds, self.elapsed = max_steps or 0, max_seconds or 0.0, elapsed
+        self.target = target or None
+        self.best = best  # the best metric evaluated so far (-1: none yet); a resumed run passes its own
+        self.time_to_target = time_to_target  # training seconds at the first evaluation at the target
         self.reason = ""
         self._requested = ""
+
+    def evaluated(self, metric: float, wall_s: float) -> None:
+        """An evaluation measured ``metric`` at ``wall_s`` training seconds."""
+        self.best = max(self.best, metric)
+        if self.target is not None and metric >= self.target and self.time_to_target is None:
+            self.time_to_target = wall_s
+
+    def outcome_fields(self, final_metric: float, examples: int, wall_s: float) -> dict:
+        """The ``RunSummary`` fields of the run's outcome, the same for every driver: the final and best metric,
+        the target and when it was reached, the examples and their rate, why and when the run stopped."""
+        return dict(final_test_accuracy=final_metric, best_test_accuracy=max(self.best, final_metric),
+                    target_accuracy=self.target, time_to_target_s=self.time_to_target, examples=examples,
+                    examples_per_s=rate(examples, wall_s),
+                    stop_reason=self.reason or STEP_LIMIT, wall_s=wall_s)
 
     def request(self, reason: str) -> None:
         """Stop at the driver's next check, with ``reason`` (callable from any thread)."""
@@ -46,10 +70,12 @@ class StopRule:
             return math.inf
         return max(0.0, self.max_seconds - self.elapsed())
 
-    def check(self, steps: int | None = None, target_reached: bool = False) -> bool:
+    def check(self, steps: int | None = None, target_reached: bool | None = None) -> bool:
         """Whether the run must stop now, and if so sets ``reason`` (kept if already set): a requested stop, then
         ``steps`` (None: this driver's replicas stop themselves at the step limit) at the step limit, then the
-        target, then the time budget."""
+        target (``target_reached``; None: whether an evaluation reached it), then the time budget."""
+        if target_reached is None:
+            target_reached = self.time_to_target is not None
         if self._requested:
             self.end(self._requested)
         elif self.max_steps and steps is not None and steps >= self.max_steps:

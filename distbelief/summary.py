@@ -76,6 +76,11 @@ class RunSummary:
     bytes_pushed_per_shard: list[int] | None = None  # gradient bytes read by each shard (dense + rows with ids)
     bytes_fetched_per_shard: list[int] | None = None  # parameter bytes served by each shard (rows with ids)
 
+    # -- compressed pushes (--compress; distbelief/compression) --
+    compress: str | None = None  # the scheme and its parameter, e.g. "topk (ratio 0.01)"
+    compressed_push_bytes: int | None = None  # payload bytes the replicas' pushes sent (their latest processes)
+    residuals_dropped: int | None = None  # error-feedback residuals lost with a replica's process (restarts, losses)
+
     # -- elastic Downpour (--replicas MIN:MAX): replicas is MIN --
     max_replicas: int | None = None
     replicas_added: int | None = None  # started while the run went on (free CPUs appeared)

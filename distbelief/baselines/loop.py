@@ -36,8 +36,9 @@ class OneReplicaRun:
     def __init__(self, job, recorder: RunRecorder):
         self.job, self.cfg, self.rec = job, job.cfg, recorder
         self.steps, self.examples, self.loss_ema = 0, 0, math.nan
-        self.best, self.time_to_target = -1.0, None
-        self.stop = StopRule(self.cfg.max_steps, self.cfg.max_seconds, lambda: self.clock.elapsed())
+        self.stop = StopRule(self.cfg.max_steps, self.cfg.max_seconds, lambda: self.clock.elapsed(),
+                             target=self.cfg.target_accuracy)
+        self.hooks = job.hooks.start(self, resumed=False)  # distbelief/hooks.py
         self.schedule = EvalSchedule(self.cfg.eval_every_seconds, recorder.log)
         self.next_eval = self.cfg.eval_every_seconds
         self.clock = Clock()  # started again when run() starts training
@@ -63,8 +64,25 @@ class OneReplicaRun:
 
     # ------------------------------------------------------------------ the shell
     def limit_reached(self) -> bool:
-        """Whether the step limit or the time budget is spent (then ``stop_reason`` says which)."""
+        """Whether the run must stop: the target reached, the step limit or the time budget spent (then
+        ``stop_reason`` says which). Called after every step: the hooks' ``on_step`` comes here, at its step."""
+        due = self.hooks.next_step()
+        if due is not None and self.steps >= due:
+            self.hooks.on_step(self, self.steps)
         return self.stop.check(steps=self.steps)
+
+    def request_stop(self, reason: str) -> None:
+        """End the run after the current step, with ``reason`` as its stop reason (distbelief/hooks.py)."""
+        self.stop.request(reason)
+
+    def kill_replica(self, replica_id: int, partition_id: int = -1, steps: int | None = None) -> bool:
+        """Nothing to kill: the one replica is this process (logged)."""
+        self.rec.log(f"single-process sgd has no replica process to kill; replica {replica_id} not killed")
+        return True
+
+    def kill_shard(self, shard_id: int, steps: int | None = None) -> None:
+        """Nothing to kill: no parameter shards (logged)."""
+        self.rec.log(f"single-process sgd has no parameter shards; shard {shard_id} not killed")
 
     @property
     def stop_reason(self) -> str:
@@ -92,9 +110,6 @@ class OneReplicaRun:
                     t0 = time.monotonic()
                     self._evaluate()
                     self.next_eval = self.clock.elapsed() + self.schedule.interval(time.monotonic() - t0)
-                if self.time_to_target is not None:
-                    self.stop.end(stopping.TARGET)
-                    break
                 if self.limit_reached():
                     break
             wall = self.clock.elapsed()
@@ -104,10 +119,8 @@ class OneReplicaRun:
         flat = flatten(self._evaluated)
         summary = RunSummary(
             strategy="sgd", runtime=self.runtime_name, replicas=1, num_parameters=flat.numel(),
-            final_test_accuracy=final_acc, best_test_accuracy=max(self.best, final_acc),
-            target_accuracy=self.cfg.target_accuracy or None, time_to_target_s=self.time_to_target,
-            examples=self.examples, examples_per_s=rate(self.examples, wall), updates=self.steps,
-            steps_per_replica=[self.steps], stop_reason=self.stop_reason, wall_s=wall,
+            **self.stop.outcome_fields(final_acc, self.examples, wall), updates=self.steps,
+            steps_per_replica=[self.steps],
             optimizer=self.cfg.optimizer, partitions=self.cfg.partitions, **self.summary_fields(),
         )
         return summary, flat, buffers_of(self._evaluated) or None
@@ -119,15 +132,15 @@ class OneReplicaRun:
         model = self._evaluated = self.model_now()
         acc, test_loss, train_acc = evaluate_job(model, self.job)
         loss = self.loss_ema
-        self.rec.record({
+        rec = {
             "wall_s": round(wall, 3), "updates": self.steps, "examples": self.examples,
             "examples_per_s": rate(self.examples, wall),
             "train_loss": None if loss is None or math.isnan(loss) else loss,
             "test_accuracy": acc, "train_accuracy": train_acc, "test_loss": test_loss,
             **self.record_fields(),
-        })
-        self.best = max(self.best, acc)
-        if self.cfg.target_accuracy and acc >= self.cfg.target_accuracy and self.time_to_target is None:
-            self.time_to_target = wall
+        }
+        self.rec.record(rec)
+        self.stop.evaluated(acc, wall)
+        self.hooks.on_evaluation(self, rec)
         self.clock.resume()
         return acc

@@ -47,11 +47,11 @@ from distbelief.baselines.workers import (
 from distbelief.buffers import buffers_of
 from distbelief.evaluation import evaluate_job
 from distbelief.exceptions import DistBeliefError, RemoteTimeoutError, RoleFailedError
+from distbelief.hooks import StepWake
 from distbelief.metrics import Clock, EvalSchedule, RunRecorder
 from distbelief.ps.sharding import flatten
 from distbelief.stopping import StopRule
 from distbelief.summary import RunSummary, rate
-from distbelief.testing.faults import FaultInjector
 
 
 class MultiprocessRun:
@@ -85,10 +85,11 @@ class MultiprocessRun:
         self.lost: dict[int, str] = {}
         self.events: list[dict] = []
         self.clock: Clock | None = None
-        self.best, self.time_to_target = -1.0, None
         # the run's stop rule (distbelief/stopping.py); the step limit is the workers' own (each stops at it)
-        self.stop = StopRule(cfg.max_steps, cfg.max_seconds, lambda: self.clock.elapsed() if self.clock else 0.0)
-        self.faults = FaultInjector(job.faults)
+        self.stop = StopRule(cfg.max_steps, cfg.max_seconds, lambda: self.clock.elapsed() if self.clock else 0.0,
+                             target=cfg.target_accuracy)
+        self.hooks = job.hooks.start(self, resumed=False)  # distbelief/hooks.py: tooling's way in
+        self.wake = StepWake()  # when to look at the step count for the hooks' next step
 
     @property
     def worker_pids(self) -> dict[int, int]:
@@ -236,11 +237,8 @@ class MultiprocessRun:
             rec.update(updates_per_shard=[updates], staleness_mean=snap["staleness_mean"],
                        staleness_max=snap["staleness_max"])
         self.rec.record(rec)
-        self.best = max(self.best, acc)
-        if self.cfg.target_accuracy and acc >= self.cfg.target_accuracy and self.time_to_target is None:
-            self.time_to_target = wall
-        if self.job.faults.on_evaluation is not None:  # a test's probe (distbelief.testing)
-            self.job.faults.on_evaluation(self, rec)
+        self.stop.evaluated(acc, wall)
+        self.hooks.on_evaluation(self, rec)
         return rec
 
     def _updates(self, steps: list[int]) -> int:
@@ -278,23 +276,32 @@ class MultiprocessRun:
         self._worker_failed(rank, f"made no progress for {self.timeout_s:g}s (remote_timeout_s)"
                                   f"{': ' + why if why else ''}; terminated")
 
-    def _maybe_inject_fault(self) -> None:
-        """Kill worker kill_replica_id once the run's steps (every worker's, as the driver sees them) reach
-        kill_replica_at_step: a step count, unlike a time, puts the kill at the same point of every run."""
-        if self.faults.pending:
-            self.faults.check(self.progress.total_steps(), self._no_shard_to_kill, self._kill_worker)
+    def _call_hooks(self) -> None:
+        """The hooks' ``on_step`` once the run's steps (every worker's, as the driver sees them in shared memory)
+        reach the step they wait for (distbelief/hooks.py)."""
+        due = self.hooks.next_step()
+        if due is None:
+            return
+        steps = self.progress.total_steps()
+        self.wake.observe(steps)
+        if steps >= due:
+            self.hooks.on_step(self, steps)
 
-    def _no_shard_to_kill(self, shard_id: int, steps: int) -> None:
-        self.rec.log(f"fault injection: {self.strategy} has no parameter shards; kill_shard_at_step ignored")
+    def kill_shard(self, shard_id: int, steps: int | None = None) -> None:
+        """Nothing to kill: {hogwild, ddp} keep no parameter shards (logged)."""
+        self.rec.log(f"{self.strategy} has no parameter shards; shard {shard_id} not killed")
 
-    def _kill_worker(self, rank: int, partition_id: int, steps: int) -> bool:
+    def kill_replica(self, rank: int, partition_id: int = -1, steps: int | None = None) -> bool:
+        """SIGKILL worker ``rank``'s process, as losing its machine would. True even when it is already gone (there
+        is nothing left to kill)."""
         pid = self.worker_pids.get(rank)
         if pid is not None:
-            self.rec.log(f"fault injection: killing {self.strategy} worker {rank} at step {steps}")
+            steps = self.progress.total_steps() if steps is None else steps
+            self.rec.log(f"killing {self.strategy} worker {rank} at step {steps}")
             self.events.append({"event": "replica killed", "id": rank, "step": steps,
                                 "wall_s": self.clock.elapsed()})
             os.kill(pid, signal.SIGKILL)
-        return True  # fires once, as it always did (a worker already gone has nothing to kill)
+        return True
 
     # ------------------------------------------------------------------ the run
     def _supervise(self) -> None:
@@ -303,19 +310,20 @@ class MultiprocessRun:
         schedule = EvalSchedule(cfg.eval_every_seconds, self.rec.log)
         last_progress: dict[int, tuple[int, float]] = {}
         while True:
-            poll_s = 0.005 if self.faults.pending else 0.25  # a pending kill watches the step count closely
+            # a step the hooks wait for is looked at when the measured rate says it will be reached
+            poll_s = min(0.25, self.wake.seconds_until(self.hooks.next_step()))
             self._collect_exits(min(next_eval - self.clock.elapsed(), poll_s))
             if not self.training:  # every worker reached max_steps (the lost ones were counted above)
                 self.stop.end(stopping.STEP_LIMIT)
                 return
             self._check_hangs(last_progress)
-            self._maybe_inject_fault()
+            self._call_hooks()
             if self.clock.elapsed() >= next_eval:
                 t0 = time.monotonic()
                 self._evaluate_paused()
                 next_eval = self.clock.elapsed() + schedule.interval(time.monotonic() - t0)
                 last_progress.clear()  # the workers were paused on purpose: no step then is not a hang
-            if self.stop.check(target_reached=self.time_to_target is not None):
+            if self.stop.check():
                 return
 
     def run(self) -> tuple[RunSummary, torch.Tensor, dict | None]:
@@ -369,11 +377,8 @@ class MultiprocessRun:
             strategy=self.strategy,
             runtime="torch.multiprocessing" if self.strategy == "hogwild" else "torch.distributed (gloo)",
             replicas=cfg.replicas, num_parameters=self.num_parameters,
-            final_test_accuracy=final["test_accuracy"],
-            best_test_accuracy=max(self.best, final["test_accuracy"]),
-            target_accuracy=cfg.target_accuracy or None, time_to_target_s=self.time_to_target,
-            examples=final["examples"], examples_per_s=rate(final["examples"], wall),
-            updates=updates, steps_per_replica=steps, stop_reason=self.stop_reason, wall_s=wall,
+            **self.stop.outcome_fields(final["test_accuracy"], final["examples"], wall),
+            updates=updates, steps_per_replica=steps,
             events=self.events, threads=self.job.threads, start_method=self.ctx.get_start_method(), partitions=1,
             optimizer=cfg.optimizer, replicas_lost=len(self.lost),
         )

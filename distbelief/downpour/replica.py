@@ -34,6 +34,8 @@ from typing import Any, Callable, Protocol
 import torch
 
 from distbelief.buffers import buffers_of
+from distbelief.compression import EncodedPush, ErrorFeedback, make_codec
+from distbelief.compression.powersgd import tensor_layout
 from distbelief.data.batches import BatchSource, StreamBatches, replica_indices
 from distbelief.data.loading import stream_of
 from distbelief.exceptions import ReplicaKilled
@@ -50,8 +52,14 @@ class ReplicaSettings:
     local_lr: float = 0.0
     overlap: bool = True
     remote_timeout_s: float = 120.0
-    # Fault injection (testing.Faults.straggler_*): each step takes this many times its compute time.
-    slowdown: float = 1.0
+    # Run after each step with (steps so far, that step's compute seconds): RunHooks.replica_hook (hooks.py).
+    step_hook: Callable[[int, float], None] | None = None
+    # Compressed pushes (distbelief/compression): the scheme and its parameter, with error feedback.
+    compress: str = "none"
+    compress_ratio: float = 0.01
+    compress_bits: int = 4
+    compress_rank: int = 4
+    compress_fetch: str = "none"  # "fp16": the shards answer fetches in float16
     # Where the replica computes: "cpu", "cuda", "cuda:N" or "auto" (RunConfig.device; distbelief/devices.py).
     device: str = "cpu"
 
@@ -203,8 +211,13 @@ class ModelReplica:
         self.batches = batches
         self.client = client
         self.settings = settings
-        # Fused push-fetch loop: one call per shard per step instead of two (see the module docstring).
-        self.fused = not settings.overlap and settings.fetch_every == 1 and settings.push_every == 1
+        # Compressed pushes: the codec and the residual it leaves, which lives here (compression/feedback.py).
+        self.feedback = self._feedback(settings, client, source)
+        client.fetch_half = settings.compress_fetch == "fp16"
+        # Fused push-fetch loop: one call per shard per step instead of two (see the module docstring); a
+        # compressed push travels as call arguments, apart from the fetch.
+        self.fused = (not settings.overlap and settings.fetch_every == 1 and settings.push_every == 1
+                      and self.feedback is None)
         shared = client.shared_buffers() if self.fused else None
         self.zero_copy = shared is not None and source.adopt_buffers(shared)
         self.accrued = torch.zeros_like(source.grads)
@@ -228,6 +241,23 @@ class ModelReplica:
         # When (time.time()) a fetch first came back after this replica's first push: its first push was applied
         # by then (a shard runs one caller's calls in order). Elastic runs time a new replica by it.
         self.first_push_time: float | None = None
+
+    def _feedback(self, s: ReplicaSettings, client, source) -> ErrorFeedback | None:
+        if s.compress == "none":
+            return None
+        layout = client.layout
+        model = getattr(source, "model", None)
+        codec = make_codec(s.compress, [layout.range(k) for k in range(layout.num_shards)],
+                           tensor_layout(model) if model is not None else None, ratio=s.compress_ratio,
+                           bits=s.compress_bits, rank=s.compress_rank, seed=1_000_003 * (self.replica_id + 1))
+        return ErrorFeedback(codec, source.grads.numel())
+
+    def _encoded(self, buf: torch.Tensor):
+        """What a push sends for gradient ``buf``: itself, or its compressed parts (the residual moves on)."""
+        if self.feedback is None:
+            return buf
+        codec = self.feedback.codec
+        return EncodedPush(codec.name, self.feedback.compress(buf), codec.ranges)
 
     # -- control (callable from another thread) --
     def stop(self) -> None:
@@ -296,6 +326,7 @@ class ModelReplica:
             "wait_s": self.wait_s,
             "clock_wait_s": self.clock_wait_s,
             "first_push_time": self.first_push_time,
+            "compressed_bytes": self.feedback.bytes_sent if self.feedback is not None else None,
             **self.source.stats(),
         }
 
@@ -337,10 +368,10 @@ class ModelReplica:
             if self.clocks is not None:
                 self.clocks.retire(self.replica_id)  # finished or failed: it holds no one back
 
-    def _slow_down(self, t0: float) -> None:
-        """A straggler (fault injection): stretch this step to ``slowdown`` times its compute time."""
-        if self.settings.slowdown > 1:
-            time.sleep((self.settings.slowdown - 1) * (time.perf_counter() - t0))
+    def _after_step(self, t0: float) -> None:
+        """The run's replica hook, if it has one (distbelief/hooks.py), with this step's compute time."""
+        if self.settings.step_hook is not None:
+            self.settings.step_hook(self.steps + 1, time.perf_counter() - t0)
 
     def _clock_open(self, clock: int, pending_push):
         """The staleness bound (``consistency = "ssp"``): wait until this replica, having completed ``clock``
@@ -418,7 +449,7 @@ class ModelReplica:
             acc_examples += len(y)
             if s.local_lr:
                 src.params.add_(src.grads, alpha=-s.local_lr)
-            self._slow_down(t0)
+            self._after_step(t0)
             self.compute_s += time.perf_counter() - t0
 
             if acc_count == s.push_every:
@@ -451,7 +482,7 @@ class ModelReplica:
             previous.result(self.settings.remote_timeout_s)
         self.wait_s += time.perf_counter() - t0
         buf = self.source.grads if self.settings.push_every == 1 else self.accrued
-        handle = self.client.push_async(buf, versions, num_examples, **self._rows())
+        handle = self.client.push_async(self._encoded(buf), versions, num_examples, **self._rows())
         self.pushes += 1
         return handle
 
@@ -477,13 +508,17 @@ class ModelReplica:
         x, y = self.batches.next_batch()
         t0 = time.perf_counter()
         loss = self.source.gradient(x, y)
-        self._slow_down(t0)
+        self._after_step(t0)
         self.compute_s += time.perf_counter() - t0
         self.steps += 1
         self.examples += len(y)
         self.loss_ema = loss if math.isnan(self.loss_ema) else 0.9 * self.loss_ema + 0.1 * loss
-        g = self.source.grads.numpy()
         layout = self.client.layout
+        if self.feedback is not None:  # each shard its encoded range (compression/wire.py)
+            push = self._encoded(self.source.grads)
+            parts = tuple(push[lo:hi] for lo, hi in map(layout.range, range(layout.num_shards)))
+            return (*parts, {"loss": loss, "examples": len(y)})
+        g = self.source.grads.numpy()
         parts = tuple(g[lo:hi].copy() for lo, hi in map(layout.range, range(layout.num_shards)))
         if self._take_rows is not None:  # each shard's rows travel with its range, to it alone
             parts = tuple(zip(parts, layout.split_rows(self._take_rows())))
@@ -517,6 +552,11 @@ class ReplicaRecipe:
         # Elastic runs pass num_replicas = 1: every replica draws from the whole set, in an order of its own
         idx = replica_indices(len(ds), self.num_replicas, self.replica_id % self.num_replicas, self.seed)
         return model, BatchSource(ds, idx, self.batch_size, seed=self.seed * 7919 + self.replica_id)
+
+    @property
+    def pushes_encoded(self) -> bool:
+        """Whether this replica's pushes are compressed (the runtime then sends them as call arguments)."""
+        return self.settings.compress != "none" or self.settings.compress_fetch != "none"
 
     def __call__(self, client) -> ModelReplica:
         model, batches = self.model_and_batches()

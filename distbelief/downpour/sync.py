@@ -25,6 +25,17 @@ class SyncTrainer(ParameterServerTrainer):
     (``dropped_gradients``). A replica still computing when its step is applied is not called again until it
     answers, so a straggler never holds a step up while enough others are live."""
 
+    asynchronous = False
+
+    def _run_steps(self) -> int:
+        return sum(st.steps for st in self.replicas.values())  # set by the loop at every step: nothing to poll
+
+    def _examples_trained(self, stats: list[dict]) -> int:
+        return self.examples_sync  # the driver counts the gradients it applied
+
+    def _data_plane_summary(self, latest: list[dict]) -> dict:
+        return dict(backup_replicas=self.cfg.backup_replicas, dropped_gradients=self.dropped_gradients)
+
     def train(self) -> None:
         cfg = self.cfg
         self._wait_shards_ready()
@@ -50,7 +61,7 @@ class SyncTrainer(ParameterServerTrainer):
                     continue
                 raise DistBeliefError("every replica failed and none could be restarted")
             grads = self._gather(step, live)
-            self._maybe_inject_fault()
+            self._call_hooks()
             self._check_shards()
             if grads:
                 self._apply(grads)

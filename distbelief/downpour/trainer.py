@@ -23,6 +23,7 @@ from distbelief.downpour.replica import ReplicaRecipe, ReplicaSettings
 from distbelief.downpour.shards import ServerShards, durability_for, staleness
 from distbelief.evaluation import evaluate_job
 from distbelief.exceptions import ConfigError, RemoteTimeoutError, RoleFailedError
+from distbelief.hooks import StepWake
 from distbelief.job import Job
 from distbelief.metrics import Clock, EvalSchedule, RunRecorder
 from distbelief.ps.optimizers import make_server_optimizer
@@ -31,9 +32,8 @@ from distbelief.ps.slicer import Slicer
 from distbelief.resume import load_server_state, read_trainer_state, retire_checkpoints, write_trainer_state
 from distbelief.runtime.base import Future, Role, Runtime
 from distbelief.stopping import StopRule
-from distbelief.summary import RunSummary, rate
+from distbelief.summary import RunSummary
 from distbelief.supervisor import Decision, RestartPolicy, Supervisor
-from distbelief.testing.faults import FaultInjector
 
 
 @dataclass
@@ -57,6 +57,11 @@ class _ReplicaState:
 class ParameterServerTrainer:
     """Runs ``downpour`` over a Runtime (``SyncTrainer`` in sync.py: ``sync``). One instance per run."""
 
+    # The replicas push whenever they are done (Downpour; a push's staleness is then its own). SyncTrainer: the
+    # driver steps them together, and overrides what that changes (the loop, the step and example counts, the
+    # data plane's summary); consistency (ssp) and elastic replicas are objects given to it (clocks, ElasticPlan).
+    asynchronous = True
+
     def __init__(self, job: Job, runtime: Runtime, recorder: RunRecorder, resume: bool = False):
         self.job, self.runtime, self.rec = job, runtime, recorder
         cfg = job.cfg
@@ -71,7 +76,7 @@ class ParameterServerTrainer:
         self.total = init.numel()
         self.optimizer = make_server_optimizer(cfg.optimizer, cfg.lr, cfg.adagrad_eps,
                                                cfg.adagrad_initial_accumulator,
-                                               staleness_aware=cfg.staleness_aware and cfg.strategy == "downpour")
+                                               staleness_aware=cfg.staleness_aware and self.asynchronous)
         self.durability, self._tmp = durability_for(cfg)
         self.prev: dict = {}  # the trainer state of the run we resume, if any
         self._retired = None
@@ -104,6 +109,8 @@ class ParameterServerTrainer:
         self.settings = ReplicaSettings(
             fetch_every=cfg.fetch_every, push_every=cfg.push_every, local_lr=cfg.local_lr,
             overlap=cfg.overlap, remote_timeout_s=cfg.remote_timeout_s, device=cfg.device,
+            compress=cfg.compress, compress_ratio=cfg.compress_ratio, compress_bits=cfg.compress_bits,
+            compress_rank=cfg.compress_rank, compress_fetch=cfg.compress_fetch,
         )
         # consistency = "ssp": the clock table that bounds how far a replica runs ahead (runtime/clocks.py)
         self.clocks = runtime.create_clocks(cfg.staleness_bound) if cfg.consistency == "ssp" else None
@@ -120,16 +127,16 @@ class ParameterServerTrainer:
         self.eval_mode = "paused"  # set once the replicas are placed (_choose_evaluation)
         self._last_eval_s = 0.0
         self.eval_schedule = EvalSchedule(cfg.eval_every_seconds, self.rec.log)
-        self.best_acc = p.get("best_acc", -1.0)
-        self.time_to_target: float | None = p.get("time_to_target")
         # the run's stop rule (distbelief/stopping.py); the step limit is the replicas' own (each stops at it)
-        self.stop = StopRule(cfg.max_steps, cfg.max_seconds, lambda: self.clock.elapsed() if self.clock else 0.0)
+        self.stop = StopRule(cfg.max_steps, cfg.max_seconds, lambda: self.clock.elapsed() if self.clock else 0.0,
+                             target=cfg.target_accuracy, best=p.get("best_acc", -1.0),
+                             time_to_target=p.get("time_to_target"))
         self.examples_sync = p.get("examples_sync", 0)
         # restarts and losses of the run we resume carry over (the policy's budget is per run, not per resume)
         self.supervisor = Supervisor(RestartPolicy(max_restarts=cfg.max_replica_restarts),
                                      earlier=(p.get("replica_restarts", 0), p.get("replicas_lost", 0)))
-        self.faults = FaultInjector(job.faults, already_fired=bool(p))  # once per run, not again after a resume
-        self.faults.shards = cfg.shards
+        self.hooks = job.hooks.start(self, resumed=bool(p))  # distbelief/hooks.py: tooling's way in
+        self.wake = StepWake()  # when to look at the step count for the hooks' next step
 
     @property
     def shards(self) -> list[Role]:
@@ -165,10 +172,8 @@ class ParameterServerTrainer:
                              self.cfg.seed, self._settings_for(rid), j.loss_fn, clocks=self.clocks)
 
     def _settings_for(self, rid: int) -> ReplicaSettings:
-        f = self.job.faults
-        if rid == f.straggler_id and f.straggler_slowdown > 1:  # fault injection: a slow machine
-            return dataclasses.replace(self.settings, slowdown=f.straggler_slowdown)
-        return self.settings
+        hook = self.hooks.replica_hook(rid)
+        return self.settings if hook is None else dataclasses.replace(self.settings, step_hook=hook)
 
     def _start_replica(self, rid: int) -> Role:
         role = self._place_replica(rid)
@@ -208,7 +213,7 @@ class ParameterServerTrainer:
         if not self.cfg.out:
             return
         write_trainer_state(self.cfg.out, {
-            "wall_s": self.clock.elapsed(), "best_acc": self.best_acc, "time_to_target": self.time_to_target,
+            "wall_s": self.clock.elapsed(), "best_acc": self.stop.best, "time_to_target": self.stop.time_to_target,
             "examples_sync": self.examples_sync, "dropped_gradients": self.dropped_gradients,
             "replica_restarts": self.supervisor.replica_restarts,
             "replicas_lost": self.supervisor.replicas_lost, "shard_restarts": self.server.restarts,
@@ -296,7 +301,7 @@ class ParameterServerTrainer:
         losses = [st.last_stats.get("loss_ema") for st in self.replicas.values() if st.last_stats]
         losses = [x for x in losses if x is not None and math.isfinite(x)]
         stale_mean, stale_max = staleness(stats)
-        examples = self.examples_sync if self.cfg.strategy == "sync" else max(s["examples"] for s in stats)
+        examples = self._examples_trained(stats)
         rec = {
             "wall_s": round(wall, 3),
             "updates": sum(s["updates"] for s in stats),
@@ -325,12 +330,9 @@ class ParameterServerTrainer:
 
             rec.update(messaging_metrics([st.last_stats for st in self.replicas.values() if st.last_stats]))
         self.rec.record(rec)
-        self.best_acc = max(self.best_acc, acc)
-        if self.cfg.target_accuracy and acc >= self.cfg.target_accuracy and self.time_to_target is None:
-            self.time_to_target = wall
+        self.stop.evaluated(acc, wall)
         self._save_state()
-        if self.job.faults.on_evaluation is not None:  # a test's probe (distbelief.testing)
-            self.job.faults.on_evaluation(self, rec)
+        self.hooks.on_evaluation(self, rec)
         return rec
 
     # ---------------------------------------------------------------- stop conditions
@@ -362,8 +364,7 @@ class ParameterServerTrainer:
         self.stop.request(reason)
 
     def _should_stop(self) -> bool:
-        target = self.time_to_target is not None and not (self.job.faults.finish_faults and self.faults.pending)
-        return self.stop.check(target_reached=target)
+        return self.stop.check()
 
     # ---------------------------------------------------------------- Downpour
     def _run_replica(self, rid: int, max_steps: int | None) -> None:
@@ -474,8 +475,8 @@ class ParameterServerTrainer:
             pending = {rid: st for rid, st in self.replicas.items() if rid in rids and st.alive and not st.finished}
             if not pending:
                 return next_eval
-            # A fault due at a step is looked for every 20 ms, so it lands close to that step.
-            wait = max(0.0, min(next_eval - self.clock.elapsed(), 0.02 if self.faults.pending else 0.5,
+            # A step the hooks wait for is looked for when the measured rate says it will be reached.
+            wait = max(0.0, min(next_eval - self.clock.elapsed(), self.wake.seconds_until(self.hooks.next_step()),
                                 self.supervisor.until_next()))
             futures = [st.future for st in pending.values() if st.future is not None]
             if futures:
@@ -492,7 +493,7 @@ class ParameterServerTrainer:
                         self._handle_failure(rid, e)
             self._restart_due()
             self._scale(rids)
-            self._maybe_inject_fault()
+            self._call_hooks()
             self._check_shards()
             if self.clock.elapsed() >= next_eval:
                 self.evaluate_paused()
@@ -508,31 +509,52 @@ class ParameterServerTrainer:
 
     def _run_steps(self) -> int:
         """The run's steps so far, all replicas together (polled from the replicas)."""
-        if self.cfg.strategy != "sync":
-            self._poll_replicas()
+        self._poll_replicas()
         return sum(st.steps for st in self.replicas.values())
 
-    def _maybe_inject_fault(self) -> None:
-        """Fault injection by step (never by wall-clock time, so a test's fault always lands at the same point
-        of the run; ``job.faults``, from distbelief.testing)."""
-        if self.faults.pending:
-            self.faults.check(self._run_steps(), self._kill_shard, self._kill_replica)
+    def _examples_trained(self, stats: list[dict]) -> int:
+        """The run's examples so far: every one a shard applied (any push reaches every shard)."""
+        return max(s["examples"] for s in stats)
 
-    def _kill_shard(self, k: int, steps: int) -> None:
+    def _data_plane_summary(self, latest: list[dict]) -> dict:
+        """Summary fields of how the replicas reached the shards: Downpour's client loop and its transports."""
+        return dict(
+            push_fetch_calls=sum(s.get("push_fetches", 0) for s in latest),
+            replicas_zero_copy=sum(bool(s.get("zero_copy")) for s in latest),
+            replicas_colocated=sum(bool(s.get("colocated")) for s in latest),
+            replica_transports=dict(Counter(s["transport"] for s in latest if s.get("transport"))))
+
+    def _call_hooks(self) -> None:
+        """The hooks' ``on_step`` once the run reached the step they wait for (distbelief/hooks.py)."""
+        due = self.hooks.next_step()
+        if due is None:
+            return
+        steps = self._run_steps()
+        self.wake.observe(steps)
+        if steps >= due:
+            self.hooks.on_step(self, steps)
+
+    def kill_shard(self, k: int, steps: int | None = None) -> None:
+        """Kill parameter shard ``k``'s process, as losing its machine would (the durability mode recovers it);
+        ``steps``: the run's step count it is recorded at (default: counted now)."""
+        steps = self._run_steps() if steps is None else steps
         self._event({"event": "shard killed", "id": k, "step": steps})
-        self.rec.log(f"fault injection: killing parameter shard {k} at step {steps}")
+        self.rec.log(f"killing parameter shard {k} at step {steps}")
         self.server.kill(k)
 
-    def _kill_replica(self, rid: int, partition_id: int, steps: int) -> bool:
+    def kill_replica(self, rid: int, partition_id: int = -1, steps: int | None = None) -> bool:
+        """Kill replica ``rid``'s process (``partition_id >= 0``: only that partition's; its group fails and
+        restarts), as losing its machine would. False when it is not running (nothing killed)."""
         st = self.replicas.get(rid)
         if st is None or not st.running or st.finished:
             return False
+        steps = self._run_steps() if steps is None else steps
         self._event({"event": "replica killed", "id": rid, "step": steps})
-        if partition_id >= 0:  # one partition's process: its whole group fails and restarts
-            self.rec.log(f"fault injection: killing partition {partition_id} of replica {rid} at step {steps}")
+        if partition_id >= 0:
+            self.rec.log(f"killing partition {partition_id} of replica {rid} at step {steps}")
             self.runtime.kill_partition(st.role, partition_id)
         else:
-            self.rec.log(f"fault injection: killing replica {rid} at step {steps}")
+            self.rec.log(f"killing replica {rid} at step {steps}")
             self.runtime.kill(st.role)
         return True
 
@@ -615,18 +637,13 @@ class ParameterServerTrainer:
         self.final_flat = flat
         stale_mean, stale_max = staleness(stats)
         latest = [st.last_stats for st in self.replicas.values()]  # the replicas' latest incarnations
-        asynchronous = cfg.strategy == "downpour"
         ssp = self.clocks is not None
         clock_stats = self.clocks.stats(self.timeout_s) if ssp else {}
         return RunSummary(
             strategy=cfg.strategy, runtime=self.runtime.name, replicas=cfg.replicas, num_parameters=self.total,
-            final_test_accuracy=final["test_accuracy"],
-            best_test_accuracy=max(self.best_acc, final["test_accuracy"]),
-            target_accuracy=cfg.target_accuracy or None, time_to_target_s=self.time_to_target,
-            examples=final["examples"], examples_per_s=rate(final["examples"], wall),
+            **self.stop.outcome_fields(final["test_accuracy"], final["examples"], wall),
             updates=sum(s["updates"] for s in stats),
-            steps_per_replica=[st.steps for st in self.replicas.values()],
-            stop_reason=self.stop_reason, wall_s=wall, events=self.events,
+            steps_per_replica=[st.steps for st in self.replicas.values()], events=self.events,
             partitions=cfg.partitions, evaluation=self.eval_mode, durability=cfg.durability,
             shards=cfg.shards, optimizer=cfg.optimizer,
             updates_per_shard=[s["updates"] for s in stats],
@@ -636,18 +653,11 @@ class ParameterServerTrainer:
             consistency=cfg.consistency, staleness_bound=cfg.staleness_bound if ssp else None,
             clock_gap_max=clock_stats.get("clock_gap_max"), clock_waits=clock_stats.get("clock_waits"),
             clock_wait_s=round(sum(s.get("clock_wait_s", 0.0) for s in latest), 3) if ssp else None,
-            backup_replicas=cfg.backup_replicas if cfg.strategy == "sync" else None,
-            dropped_gradients=self.dropped_gradients if cfg.strategy == "sync" else None,
             max_replicas=cfg.max_replicas or None,
             replicas_added=sum(e["event"] == "replica added" for e in self.events) if self.elastic else None,
             replicas_removed=sum(e["event"] == "replica removed" for e in self.events) if self.elastic else None,
             replica_first_push_s=list(self.first_push_s) if self.elastic else None,
-            # the data plane (Downpour's client loop; sync replicas answer one call per step)
-            push_fetch_calls=sum(s.get("push_fetches", 0) for s in latest) if asynchronous else None,
-            replicas_zero_copy=sum(bool(s.get("zero_copy")) for s in latest) if asynchronous else None,
-            replicas_colocated=sum(bool(s.get("colocated")) for s in latest) if asynchronous else None,
-            replica_transports=dict(Counter(s["transport"] for s in latest if s.get("transport")))
-            if asynchronous else None,
+            **self._data_plane_summary(latest),
             replica_restarts=self.supervisor.replica_restarts, replicas_lost=self.supervisor.replicas_lost,
             replica_recovery_s=list(self.supervisor.recovery_s),
             shard_restarts=self.server.restarts, updates_lost=self.server.updates_lost,
@@ -657,17 +667,33 @@ class ParameterServerTrainer:
             partition_bytes_per_step=final.get("partition_bytes_per_step"),
             partition_messages_per_step=final.get("partition_messages_per_step"),
             **self._table_summary(stats),
+            **self._compression_summary(stats, latest),
         )
 
     def _table_traffic(self, stats: list[dict]) -> dict:
-        """The rows and bytes the shards moved so far (none for a model without embedding tables): every
+        """The rows and bytes the shards moved so far (none for a dense model with uncompressed pushes): every
         evaluation's record and the summary."""
-        if not self.server.tabled:
+        traffic = {}
+        if self.server.tabled:
+            traffic.update(rows_pushed=sum(s["rows_pushed"] for s in stats),
+                           rows_fetched=sum(s["rows_fetched"] for s in stats))
+        if self.server.tabled or self.cfg.compress != "none" or self.cfg.compress_fetch != "none":
+            traffic.update(bytes_pushed_per_shard=[s["bytes_pushed"] for s in stats],
+                           bytes_fetched_per_shard=[s["bytes_fetched"] for s in stats])
+        return traffic
+
+    def _compression_summary(self, stats: list[dict], latest: list[dict]) -> dict:
+        """The summary's compression fields (none for uncompressed pushes)."""
+        if self.cfg.compress == "none" and self.cfg.compress_fetch == "none":
             return {}
-        return dict(rows_pushed=sum(s["rows_pushed"] for s in stats),
-                    rows_fetched=sum(s["rows_fetched"] for s in stats),
-                    bytes_pushed_per_shard=[s["bytes_pushed"] for s in stats],
-                    bytes_fetched_per_shard=[s["bytes_fetched"] for s in stats])
+        from distbelief.compression.registry import describe
+
+        cfg = self.cfg
+        return dict(**self._table_traffic(stats),
+                    compress=describe(cfg.compress, cfg.compress_ratio, cfg.compress_bits, cfg.compress_rank),
+                    compressed_push_bytes=sum(s.get("compressed_bytes") or 0 for s in latest if s),
+                    residuals_dropped=self.supervisor.replica_restarts + self.supervisor.replicas_lost
+                    + (cfg.replicas_started if self.prev else 0))
 
     def _table_summary(self, stats: list[dict]) -> dict:
         """The summary's table fields (none for a model without embedding tables)."""

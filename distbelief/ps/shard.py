@@ -18,6 +18,7 @@ import time
 import numpy as np
 import torch
 
+from distbelief.compression.wire import dense_push
 from distbelief.ps.arrays import PARAMS, all_finite, as_tensor
 from distbelief.ps.durability import Durability, DurableShard, SnapshotWriter
 from distbelief.ps.memory import process_memory, tensor_bytes
@@ -199,11 +200,16 @@ class ParameterShard(DurableShard, ReplicatedShard, VectorAlgebra, ShardTables):
             return self.version
 
     # ------------------------------------------------------------------ Downpour
-    def fetch(self, replica_id: int = -1) -> tuple[np.ndarray, int]:
-        """The live parameter slice and its version. Callers in the same process must copy it."""
+    def fetch(self, replica_id: int = -1, half: bool = False) -> tuple[np.ndarray, int]:
+        """The live parameter slice and its version. Callers in the same process must copy it. ``half``: as
+        float16 (a copy; half the bytes on the wire, ``--compress-fetch fp16``)."""
         with self.lock:  # shared: co-located replicas write it meanwhile, so a copy taken under the lock
-            self.bytes_fetched += self._params_np.nbytes
-            return (self._params_np.copy() if self._shared else self._params_np), self.version
+            if half:
+                values = self._params_np.astype(np.float16)
+            else:
+                values = self._params_np.copy() if self._shared else self._params_np
+            self.bytes_fetched += values.nbytes
+            return values, self.version
 
     def fetch_range(self, lo: int, hi: int, replica_id: int = -1) -> tuple[int, np.ndarray, int]:
         """Our part of the flat range ``[lo, hi)``: ``(start, values, version)``, ``values`` covering
@@ -238,6 +244,7 @@ class ParameterShard(DurableShard, ReplicatedShard, VectorAlgebra, ShardTables):
             self.duplicate_pushes += 1
             return self.version
         rows_ok = self._check_rows(rows)  # raises for a bad row id: nothing of this push is applied
+        grad, offset, wire = dense_push(grad, offset, self.lo, self.hi)  # a compressed push: decoded here
         g_all = as_tensor(grad)
         n = g_all.numel()
         if offset < 0 or offset + n > self.total or g_all.dtype != torch.float32:
@@ -247,7 +254,8 @@ class ParameterShard(DurableShard, ReplicatedShard, VectorAlgebra, ShardTables):
         if hi <= lo:
             return self.version
         g = g_all[lo - offset : hi - offset]
-        self.bytes_pushed += g.numel() * g.element_size()  # read even if rejected below as non-finite
+        # what arrived, read even if rejected below as non-finite (a compressed push: its payload)
+        self.bytes_pushed += g.numel() * g.element_size() if wire is None else wire
         if not all_finite(g) or not rows_ok:
             self.rejected_pushes += 1
             return self.version
@@ -290,9 +298,10 @@ class ParameterShard(DurableShard, ReplicatedShard, VectorAlgebra, ShardTables):
         acc, accepted, taken = None, 0, []
         for grad in grads:
             grad, rows = grad if isinstance(grad, tuple) else (grad, None)
-            g = as_tensor(grad)[self.lo : self.hi]
+            grad, offset, wire = dense_push(grad, 0, self.lo, self.hi)  # a compressed part: its range, decoded
+            g = as_tensor(grad)[self.lo - offset : self.hi - offset]
             if g.numel() == self.hi - self.lo:
-                self.bytes_pushed += g.numel() * g.element_size()
+                self.bytes_pushed += g.numel() * g.element_size() if wire is None else wire
             if g.numel() != self.hi - self.lo or not all_finite(g) or not self._rows_acceptable(rows):
                 self.rejected_pushes += 1
                 continue

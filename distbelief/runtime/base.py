@@ -111,7 +111,10 @@ def at_offset(part, lo: int, total: int) -> np.ndarray:
     per shard carries only that range over the wire, so it is put back in place where the shard lives.
 
     A part ``(values, rows)`` (a model with embedding tables: the shard's rows of the gradient ride with its range,
-    downpour/replica.py ``sync_step``) becomes ``(vector, rows)``, the rows passed on as they are."""
+    downpour/replica.py ``sync_step``) becomes ``(vector, rows)``, the rows passed on as they are. An encoded part
+    (a compressed push, distbelief/compression: it knows its own range and decodes itself) passes as it is."""
+    if hasattr(part, "decode"):
+        return part
     if isinstance(part, tuple):
         return at_offset(part[0], lo, total), part[1]
     full = np.zeros(total, dtype=np.float32)  # calloc'd: pages outside the part are not touched

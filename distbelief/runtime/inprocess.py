@@ -87,7 +87,7 @@ class InProcessShardClient(ShardClient):
     def fetch_async(self) -> Future:
         parts, versions = [], []
         for k in range(len(self.handles)):
-            obj, (values, version) = self._call(k, "fetch", self.replica_id)
+            obj, (values, version) = self._call(k, "fetch", self.replica_id, getattr(self, "fetch_half", False))
             parts.append((obj.lo, values.copy()))  # copied under the shard's lock: a consistent snapshot
             versions.append(version)
         return Done((parts, versions))

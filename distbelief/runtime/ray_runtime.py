@@ -163,7 +163,9 @@ def _array_bytes(args) -> int:
 
 def _part_bytes(part) -> int:
     """Bytes of a split part (Runtime.call_with_parts): its range, and with embedding tables (``(values, rows)``)
-    its rows' ids and values."""
+    its rows' ids and values; an encoded part (a compressed push) its payload."""
+    if hasattr(part, "decode"):
+        return part.nbytes
     if isinstance(part, tuple):
         return _part_bytes(part[0]) + sum(_array_bytes(entry) for entry in part[1] if entry is not None)
     return _array_bytes([part])
@@ -525,10 +527,13 @@ class RayRuntime(Runtime):
 
     def create_replica(self, replica_id, factory, shards, layout, threads) -> Role:
         handles = [s.handle for s in shards]
+        # A replica whose pushes are encoded (compressed) sends them as call arguments, the object store's way:
+        # the shared-memory planes move dense float32 vectors.
+        dense = not getattr(factory, "pushes_encoded", False)
         actor = RoleActor.options(num_cpus=self.replica_cpus, num_gpus=self.replica_gpus, max_concurrency=4,
                                   max_restarts=0).remote(
-            threads, _build_replica, handles, layout, replica_id, self.remote_timeout_s, factory, self.shm_prefix,
-            self.colocate)
+            threads, _build_replica, handles, layout, replica_id, self.remote_timeout_s, factory,
+            self.shm_prefix if dense else None, self.colocate and dense)
         self._actors.append(actor)
         return Role("replica", replica_id, actor)
 

@@ -48,19 +48,18 @@ def batch_indices(num_examples: int, batch_size: int, batch_id: int, seed: int) 
 
 @dataclass(frozen=True)
 class SandblasterReplicaSettings:
-    """Replica settings. The last three emulate machines (benchmarks and tests only).
+    """Replica settings.
 
     Attributes:
         seed: seeds the batch order (must be the same in every replica).
         remote_timeout_s: how long a parameter fetch may take.
-        portion_delay_s: sleep this long per portion, emulating compute on a dedicated machine.
-        straggler_slowdown: this replica takes ``straggler_slowdown`` times as long per portion (1 = normal).
+        portion_hook: run after each portion with (portions so far, its compute seconds): the run's
+            ``RunHooks.replica_hook`` (distbelief/hooks.py; tests emulate slow machines with it), or None.
     """
 
     seed: int = 0
     remote_timeout_s: float = 120.0
-    portion_delay_s: float = 0.0
-    straggler_slowdown: float = 1.0
+    portion_hook: Callable[[int, float], None] | None = None
 
 
 class SandblasterReplica:
@@ -151,10 +150,8 @@ class SandblasterReplica:
             loss.backward()
             self.held[portion_id] = self.grads.clone()
             spent = time.perf_counter() - t0
-            s = self.settings
-            extra = s.portion_delay_s + (s.straggler_slowdown - 1.0) * (spent + s.portion_delay_s)
-            if extra > 0:
-                time.sleep(extra)
+            if self.settings.portion_hook is not None:
+                self.settings.portion_hook(self.portions + 1, spent)
             self.compute_s += time.perf_counter() - t0
             self.portions += 1
             self.examples += len(idx)

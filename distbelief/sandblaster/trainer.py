@@ -36,9 +36,8 @@ from distbelief.sandblaster.lbfgs import LBFGSSettings
 from distbelief.sandblaster.replica import SandblasterReplicaRecipe, SandblasterReplicaSettings
 from distbelief.sandblaster.state import ResumePoint, find_resume_point, resliced_shard, tidy, write_state
 from distbelief.stopping import StopRule
-from distbelief.summary import RunSummary, rate
+from distbelief.summary import RunSummary
 from distbelief.supervisor import Decision, RestartPolicy, Supervisor
-from distbelief.testing.faults import FaultInjector
 
 
 def start_vector_shards(runtime: Runtime, init: torch.Tensor, num_shards: int) -> tuple[ShardLayout, list[Role]]:
@@ -112,16 +111,16 @@ class SandblasterTrainer:
         self.client = runtime.shard_client(self.shards, self.layout)
         self.coord: Coordinator | None = None
         self.clock: Clock | None = None
-        self.best_acc = prev.get("best_acc", -1.0)
         # time to target counts only for the target it was measured against
         same_target = prev.get("target_accuracy") == cfg.target_accuracy
-        self.time_to_target: float | None = prev.get("time_to_target") if same_target else None
-        self.stop = StopRule(cfg.max_steps, cfg.max_seconds, lambda: self.clock.elapsed() if self.clock else 0.0)
+        self.stop = StopRule(cfg.max_steps, cfg.max_seconds, lambda: self.clock.elapsed() if self.clock else 0.0,
+                             target=cfg.target_accuracy, best=prev.get("best_acc", -1.0),
+                             time_to_target=prev.get("time_to_target") if same_target else None)
         # Replica restarts and drops. Each run has the policy's full budget per replica (a resumed run starts
         # every replica afresh); the totals reported count on from the run that was resumed.
         self.supervisor = Supervisor(RestartPolicy(max_restarts=cfg.max_replica_restarts),
                                      earlier=(prev.get("replica_restarts", 0), prev.get("replicas_lost", 0)))
-        self.faults = FaultInjector(job.faults, already_fired=resume)  # once per run, not again after a resume
+        self.hooks = job.hooks.start(self, resumed=resume)  # distbelief/hooks.py: tooling's way in
 
     def _checkpoint_dir(self) -> str:
         """Where shards save their vectors every iteration (on whenever Downpour's shard durability is: any
@@ -177,8 +176,8 @@ class SandblasterTrainer:
             "tag": tag, "total": self.total, "shards": [list(self.layout.range(k)) for k in range(cfg.shards)],
             "history": cfg.history, "batch_size": min(cfg.lbfgs_batch, self.num_examples),
             "num_examples": self.num_examples, "seed": cfg.seed, "coordinator": coord_state,
-            "trainer": {"wall_s": self.clock.elapsed(), "best_acc": self.best_acc,
-                        "time_to_target": self.time_to_target, "target_accuracy": cfg.target_accuracy,
+            "trainer": {"wall_s": self.clock.elapsed(), "best_acc": self.stop.best,
+                        "time_to_target": self.stop.time_to_target, "target_accuracy": cfg.target_accuracy,
                         "replica_restarts": self.supervisor.replica_restarts,
                         "replicas_lost": self.supervisor.replicas_lost},
         })
@@ -193,9 +192,8 @@ class SandblasterTrainer:
         cfg, j = self.cfg, self.job
         roles = {}
         for rid in rids:
-            settings = SandblasterReplicaSettings(
-                seed=cfg.seed, remote_timeout_s=cfg.remote_timeout_s, portion_delay_s=j.faults.portion_delay_s,
-                straggler_slowdown=j.faults.straggler_slowdown if rid == j.faults.straggler_id else 1.0)
+            settings = SandblasterReplicaSettings(seed=cfg.seed, remote_timeout_s=cfg.remote_timeout_s,
+                                                  portion_hook=self.hooks.replica_hook(rid))
             recipe = SandblasterReplicaRecipe(rid, j.model_fn, j.train_data, settings, j.loss_fn)
             roles[rid] = self.runtime.create_replica(rid, recipe, self.shards, self.layout, j.threads)
         # A replica that cannot even be built (bad model, bad data) fails here, with its own error.
@@ -221,24 +219,32 @@ class SandblasterTrainer:
 
         return DeferredRestart(self.supervisor.restart_at(rid), start)
 
-    def _inject_fault(self, coord: Coordinator) -> None:
-        """Fault injection by step, so that tests are deterministic: once the coordinator has finished
-        ``kill_replica_at_step`` (``kill_shard_at_step``) L-BFGS iterations, kill the replica (shard) in the middle
-        of the next one, while its portions are out. Fires once per run."""
-        if self.faults.pending:
-            self.faults.check(coord.iterations, self._kill_shard, partial(self._kill_replica, coord))
+    def _call_hooks(self, coord: Coordinator) -> None:
+        """On every turn of the portion loop: the hooks' ``on_step`` once the coordinator has finished the
+        L-BFGS iteration they wait for (a kill then lands in the middle of the next one, while its portions are
+        out; distbelief/hooks.py)."""
+        due = self.hooks.next_step()
+        if due is not None and coord.iterations >= due:
+            self.hooks.on_step(self, coord.iterations)
 
-    def _kill_shard(self, k: int, iterations: int) -> None:
-        self.rec.log(f"fault injection: killing parameter shard {k} at iteration {iterations}")
+    def kill_shard(self, k: int, iterations: int | None = None) -> None:
+        """Kill parameter shard ``k``'s process, as losing its machine would (the iteration is redone from the
+        shards' iteration checkpoints)."""
+        self.rec.log(f"killing parameter shard {k} at iteration {self._iterations(iterations)}")
         self.runtime.kill(self.shards[k])
 
-    def _kill_replica(self, coord: Coordinator, rid: int, partition_id: int, iterations: int) -> bool:
-        slot = coord.slots.get(rid)
+    def kill_replica(self, rid: int, partition_id: int = -1, iterations: int | None = None) -> bool:
+        """Kill replica ``rid``'s process, as losing its machine would (its portions are recomputed elsewhere).
+        False when it holds no slot now (nothing killed)."""
+        slot = self.coord.slots.get(rid) if self.coord is not None else None
         if slot is None:
             return False
-        self.rec.log(f"fault injection: killing replica {rid} at iteration {iterations}")
+        self.rec.log(f"killing replica {rid} at iteration {self._iterations(iterations)}")
         self.runtime.kill(slot.role)
         return True
+
+    def _iterations(self, given: int | None) -> int:
+        return given if given is not None else (self.coord.iterations if self.coord is not None else 0)
 
     # ---------------------------------------------------------------- evaluation
     def server_params(self) -> torch.Tensor:
@@ -285,9 +291,8 @@ class SandblasterTrainer:
             "portions_duplicated": c["portions_duplicated"],
         }
         self.rec.record(rec)
-        self.best_acc = max(self.best_acc, acc)
-        if self.cfg.target_accuracy and acc >= self.cfg.target_accuracy and self.time_to_target is None:
-            self.time_to_target = wall
+        self.stop.evaluated(acc, wall)
+        self.hooks.on_evaluation(self, rec)
         return rec
 
     # ---------------------------------------------------------------- the run
@@ -312,7 +317,7 @@ class SandblasterTrainer:
             try:
                 replicas = self._start_replicas(list(range(cfg.replicas)))
                 self.coord = Coordinator(self.runtime, self.shards, replicas, self._coordinator_settings(),
-                                         restart=self._restart, log=self.rec.log, on_poll=self._inject_fault,
+                                         restart=self._restart, log=self.rec.log, on_poll=self._call_hooks,
                                          shard_replaced=self._shard_replaced,
                                          persist=self._persist)
                 prev_wall = 0.0
@@ -356,11 +361,8 @@ class SandblasterTrainer:
         batch = min(cfg.lbfgs_batch, self.num_examples)
         summary = RunSummary(
             strategy="sandblaster", runtime=self.runtime.name, replicas=cfg.replicas, num_parameters=self.total,
-            final_test_accuracy=final["test_accuracy"],
-            best_test_accuracy=max(self.best_acc, final["test_accuracy"]),
-            target_accuracy=cfg.target_accuracy or None, time_to_target_s=self.time_to_target,
-            examples=final["examples"], examples_per_s=rate(final["examples"], wall), updates=final["updates"],
-            steps_per_replica=steps, stop_reason=self.stop_reason, wall_s=wall,
+            **self.stop.outcome_fields(final["test_accuracy"], final["examples"], wall),
+            updates=final["updates"], steps_per_replica=steps,
             shards=cfg.shards, optimizer="lbfgs", updates_per_shard=final["updates_per_shard"],
             replica_restarts=self.supervisor.replica_restarts, replicas_lost=self.supervisor.replicas_lost,
             replica_recovery_s=list(self.supervisor.recovery_s),  # this run's (not carried over a resume)
@@ -396,7 +398,7 @@ class SandblasterTrainer:
         schedule = EvalSchedule(cfg.eval_every_seconds, self.rec.log)
         while True:
             # (iterations count across resumes)
-            if self.stop.check(steps=coord.iterations, target_reached=self.time_to_target is not None):
+            if self.stop.check(steps=coord.iterations):
                 return
             result = coord.step()
             coord.checkpoint()

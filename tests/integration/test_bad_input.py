@@ -35,7 +35,7 @@ def test_contradictory_settings_name_the_field(toy_data):
               max_steps=1)
     with pytest.raises(ConfigError, match="kill_shard_id"):
         train(make_odd_model, toy_data[0], toy_data[1], runtime="inprocess", quiet=True, shards=2, max_steps=1,
-              faults=Faults(kill_shard_at_step=1, kill_shard_id=5))
+              hooks=Faults(kill_shard_at_step=1, kill_shard_id=5))
     with pytest.raises(ConfigError, match="resume"):
         train(make_odd_model, toy_data[0], toy_data[1], runtime="inprocess", quiet=True, max_steps=1,
               resume=True, out="/nonexistent/run")

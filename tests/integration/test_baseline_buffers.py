@@ -52,7 +52,7 @@ def test_batchnorm_statistics_are_used_returned_and_saved(strategy, tmp_path):
     watch = WatchBuffers()
     res = train(bn_model, train_data, test_data, strategy=strategy, replicas=2, batch_size=16, optimizer="sgd",
                 lr=0.05, threads=1, max_seconds=1.0, eval_every_seconds=0.2, quiet=True,
-                faults=Faults(on_evaluation=watch), out=str(tmp_path / "run"))
+                hooks=Faults(on_evaluation=watch), out=str(tmp_path / "run"))
     assert res.summary["stop_reason"] == "time budget spent" and res.summary["replicas_lost"] == 0
     bn = res.model[1]
     # really carried: the statistics moved far from their initial (0, 1) towards the shifted inputs' ones

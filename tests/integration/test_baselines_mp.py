@@ -133,7 +133,7 @@ def test_workers_are_paused_while_the_driver_evaluates(strategy):
     watch = WatchEvaluation()
     # max_seconds only guards against a run that never gets there: the watch ends it
     res = train(make_odd_model, toy_split("train"), toy_split("test"), strategy=strategy, replicas=2,
-                max_seconds=100, eval_every_seconds=0.15, faults=Faults(on_evaluation=watch), **FAST)
+                max_seconds=100, eval_every_seconds=0.15, hooks=Faults(on_evaluation=watch), **FAST)
     assert res.summary["stop_reason"] == "evaluations watched" and len(watch.seen) >= 3
     for updates, before, after, held in watch.seen[:-1]:  # the last one is the final evaluation
         assert held == [True, True], watch.seen  # every worker holds this evaluation's pause
@@ -204,7 +204,7 @@ def test_killed_hogwild_worker_does_not_stop_the_run(tmp_path):
     # worker 1 is killed (SIGKILL) once the workers took 40 steps together; worker 0 goes on to its 400
     res = train(make_odd_model, toy_split("train"), toy_split("test"), strategy="hogwild", replicas=2,
                 max_steps=400, max_seconds=0, eval_every_seconds=0.4,
-                faults=Faults(kill_replica_at_step=40, kill_replica_id=1), out=str(tmp_path / "run"), **FAST)
+                hooks=Faults(kill_replica_at_step=40, kill_replica_id=1), out=str(tmp_path / "run"), **FAST)
     summary, lines = check_run_dir(tmp_path / "run", "hogwild", RUN_FIELDS)
     assert summary["replicas_lost"] == 1 and summary["stop_reason"] == "step limit reached"
     killed = [e for e in summary["events"] if e["event"] == "replica killed"]
@@ -262,7 +262,7 @@ def test_ctrl_c_stops_workers_and_writes_the_summary(tmp_path):
 
     # a step budget far beyond what the run reaches before Ctrl-C: only the interrupt ends it
     res = train(make_odd_model, toy_split("train"), toy_split("test"), strategy="hogwild", replicas=2,
-                max_steps=10**6, max_seconds=0, eval_every_seconds=0.5, faults=Faults(on_evaluation=ctrl_c),
+                max_steps=10**6, max_seconds=0, eval_every_seconds=0.5, hooks=Faults(on_evaluation=ctrl_c),
                 out=str(tmp_path / "run"), **FAST)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert pressed and summary["stop_reason"] == "interrupted"
@@ -319,7 +319,7 @@ def test_dead_ddp_rank_fails_the_run_naming_it_and_keeps_partial_results(tmp_pat
     with pytest.raises(RoleFailedError, match="ddp rank 1 failed"):
         train(make_odd_model, toy_split("train"), toy_split("test"), strategy="ddp", replicas=2,
               max_steps=10**6, max_seconds=0, eval_every_seconds=0.3,
-              faults=Faults(kill_replica_at_step=40, kill_replica_id=1),
+              hooks=Faults(kill_replica_at_step=40, kill_replica_id=1),
               out=str(tmp_path / "run"), **FAST)
     summary, _ = check_run_dir(tmp_path / "run", "ddp", RUN_FIELDS)
     assert summary["stop_reason"] == "failed" and "ddp rank 1" in summary["error"]
@@ -342,6 +342,6 @@ def test_ddp_rank_killed_while_paused_fails_the_run_instead_of_hanging_it():
 
     with pytest.raises(RoleFailedError, match="ddp rank 1 failed"):  # only the kill can end this run
         train(make_odd_model, toy_split("train"), toy_split("test"), strategy="ddp", replicas=2,
-              max_steps=10**6, max_seconds=0, eval_every_seconds=0.2, faults=Faults(on_evaluation=kill_rank_1),
+              max_steps=10**6, max_seconds=0, eval_every_seconds=0.2, hooks=Faults(on_evaluation=kill_rank_1),
               **FAST)
     assert killed and multiprocessing.active_children() == []

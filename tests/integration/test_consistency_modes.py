@@ -13,8 +13,8 @@ SMALL = dict(runtime="inprocess", replicas=3, shards=2, max_steps=40, max_second
 STRAGGLER = Faults(straggler_id=1, straggler_slowdown=4)
 
 
-def run(faults=STRAGGLER, **kw):
-    return train_task(RunConfig(**{**SMALL, **kw}), quiet=True, faults=faults).summary
+def run(hooks=STRAGGLER, **kw):
+    return train_task(RunConfig(**{**SMALL, **kw}), quiet=True, hooks=hooks).summary
 
 
 def stragglers_share(dropped: dict[int, int], straggler: int = 1) -> float:
@@ -41,7 +41,7 @@ def test_async_reports_no_clock_and_never_waits():
 
 def test_ssp_a_dead_replica_does_not_block_the_others():
     s = run(consistency="ssp", staleness_bound=1, max_replica_restarts=0, max_steps=60,
-            faults=Faults(kill_replica_at_step=30, kill_replica_id=1))
+            hooks=Faults(kill_replica_at_step=30, kill_replica_id=1))
     assert s["replicas_lost"] == 1
     steps = s["steps_per_replica"]
     assert steps[0] == steps[2] == 60 and steps[1] < 60
@@ -50,14 +50,14 @@ def test_ssp_a_dead_replica_does_not_block_the_others():
 
 def test_ssp_a_restarted_replica_rejoins_at_the_slowest_clock():
     s = run(consistency="ssp", staleness_bound=1, max_steps=60,
-            faults=Faults(kill_replica_at_step=30, kill_replica_id=2))
+            hooks=Faults(kill_replica_at_step=30, kill_replica_id=2))
     assert s["replica_restarts"] == 1 and s["steps_per_replica"] == [60, 60, 60]
     assert s["clock_gap_max"] <= 1
 
 
 @pytest.mark.slow
 def test_ssp_with_warmstart_and_partitions():
-    s = run(consistency="ssp", staleness_bound=1, warmstart_steps=10, faults=None)
+    s = run(consistency="ssp", staleness_bound=1, warmstart_steps=10, hooks=None)
     assert s["steps_per_replica"] == [50, 40, 40] and s["clock_gap_max"] <= 1
     s = run(consistency="ssp", staleness_bound=1, partitions=2, replicas=2, model="lc1d", max_steps=20)
     assert s["steps_per_replica"] == [20, 20] and s["clock_gap_max"] <= 1 and s["partitions"] == 2
@@ -73,7 +73,7 @@ def test_sync_with_a_backup_replica_drops_the_stragglers_gradients():
         dropped.update(trainer.dropped_by_replica)
 
     s = run(consistency="sync", replicas=2, backup_replicas=1,
-            faults=Faults(straggler_id=1, straggler_slowdown=10, on_evaluation=probe))
+            hooks=Faults(straggler_id=1, straggler_slowdown=10, on_evaluation=probe))
     assert s["strategy"] == "sync" and s["consistency"] == "sync" and s["backup_replicas"] == 1
     assert s["updates"] == 40 * 2  # one update per shard per step
     assert s["dropped_gradients"] > 0 and sum(dropped.values()) == s["dropped_gradients"]
@@ -87,7 +87,7 @@ def test_sync_with_a_backup_replica_drops_the_stragglers_gradients():
 
 def test_sync_with_a_backup_replica_survives_a_dead_replica():
     s = run(consistency="sync", replicas=2, backup_replicas=1, max_replica_restarts=0, max_steps=30,
-            faults=Faults(kill_replica_at_step=10, kill_replica_id=0))
+            hooks=Faults(kill_replica_at_step=10, kill_replica_id=0))
     assert s["replicas_lost"] == 1 and s["updates"] == 30 * 2
     assert s["examples"] == 30 * 2 * 16  # still two gradients a step: the backup stood in
 
@@ -100,7 +100,7 @@ def test_ssp_and_sync_backups_on_ray(tmp_path):
     assert s["steps_per_replica"] == [20, 20, 20] and s["clock_gap_max"] == 1 and s["clock_waits"] > 0
     dropped = {}
     s = run(runtime="ray", consistency="sync", replicas=2, backup_replicas=1, max_steps=20,
-            out=str(tmp_path / "sync"), faults=Faults(straggler_id=1, straggler_slowdown=10,
+            out=str(tmp_path / "sync"), hooks=Faults(straggler_id=1, straggler_slowdown=10,
                                                       on_evaluation=lambda t, r: dropped.update(t.dropped_by_replica)))
     assert s["updates"] == 20 * 2 and s["dropped_gradients"] > 0 and s["examples"] == 20 * 2 * 16
     assert sum(dropped.values()) == s["dropped_gradients"] and stragglers_share(dropped) >= 0.75, dropped
@@ -110,7 +110,7 @@ def test_ssp_and_sync_backups_on_ray(tmp_path):
                                   dict(consistency="sync", replicas=2, backup_replicas=1)])
 def test_a_resumed_run_keeps_its_mode_and_counters(mode, tmp_path):
     out = str(tmp_path / "run")
-    first = run(faults=None, max_steps=20, durability="snapshot", out=out, **mode)
+    first = run(hooks=None, max_steps=20, durability="snapshot", out=out, **mode)
     again = train_task(RunConfig(**{**SMALL, **mode, "max_steps": 40, "durability": "snapshot", "out": out}),
                        quiet=True, resume=True).summary
     assert first["updates"] == 20 * (3 if mode["consistency"] == "ssp" else 1) * 2  # 2 shards

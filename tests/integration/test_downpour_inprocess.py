@@ -77,7 +77,7 @@ def test_sgd_and_sync_baselines_write_the_same_run_format(tmp_path):
 def test_killed_replica_is_restarted_and_run_finishes(tmp_path):
     cfg = RunConfig(runtime="inprocess", replicas=2, shards=2, max_steps=400, max_seconds=0, eval_every_seconds=1,
                     num_samples=2000)
-    res = train_task(cfg, quiet=True, faults=Faults(kill_replica_at_step=100, kill_replica_id=1))
+    res = train_task(cfg, quiet=True, hooks=Faults(kill_replica_at_step=100, kill_replica_id=1))
     assert res.summary["replica_restarts"] == 1 and res.summary["replicas_lost"] == 0
     # the restarted replica did exactly the steps its first incarnation had left
     assert res.summary["stop_reason"] == "step limit reached" and res.summary["steps_per_replica"] == [400, 400]
@@ -86,7 +86,7 @@ def test_killed_replica_is_restarted_and_run_finishes(tmp_path):
 def test_replica_beyond_its_restarts_is_dropped_and_the_run_goes_on(capsys):
     cfg = RunConfig(runtime="inprocess", replicas=2, shards=2, max_steps=400, max_seconds=0, max_replica_restarts=0,
                     eval_every_seconds=1, num_samples=2000)
-    res = train_task(cfg, quiet=False, faults=Faults(kill_replica_at_step=60, kill_replica_id=0))
+    res = train_task(cfg, quiet=False, hooks=Faults(kill_replica_at_step=60, kill_replica_id=0))
     err = capsys.readouterr().err
     assert res.summary["replica_restarts"] == 0 and res.summary["replicas_lost"] == 1
     assert "continuing with 1 replicas" in err

@@ -50,7 +50,7 @@ def test_ray_one_replica_matches_inprocess_exactly(toy_data):
 def test_ray_replica_process_killed_mid_run_is_restarted_and_the_run_reaches_its_target(tmp_path):
     cfg = RunConfig(runtime="ray", replicas=2, shards=2, max_seconds=90, target_accuracy=0.72,
                     eval_every_seconds=1, batch_size=64, out=str(tmp_path / "run"))
-    res = train_task(cfg, quiet=True, faults=Faults(kill_replica_at_step=40, kill_replica_id=1))
+    res = train_task(cfg, quiet=True, hooks=Faults(kill_replica_at_step=40, kill_replica_id=1))
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary == res.summary
     assert summary["replica_restarts"] == 1 and summary["replicas_lost"] == 0
@@ -163,7 +163,7 @@ def test_ray_shared_memory_plane_survives_a_shard_kill(toy_data, tmp_path):
 
     res = train(make_odd_model, toy_data[0], toy_data[1], quiet=True, runtime="ray", replicas=1, shards=2,
                 max_steps=300, max_seconds=0, eval_every_seconds=0.5, batch_size=8,
-                faults=Faults(kill_shard_at_step=80, kill_shard_id=1, on_evaluation=primary_equals_backup),
+                hooks=Faults(kill_shard_at_step=80, kill_shard_id=1, on_evaluation=primary_equals_backup),
                 durability="replicate", out=str(tmp_path / "run"))
     s = res.summary
     assert s["shard_restarts"] == 1 and s["updates_lost"] == 0

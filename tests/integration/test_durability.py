@@ -9,16 +9,16 @@ from distbelief.testing import Faults
 from tests.conftest import make_odd_model
 
 
-def kill_run(tmp_path, durability: str, faults=None, **kw):
-    """One replica, two shards, a fixed number of steps, shard 1 killed at step 40 (unless ``faults`` says
+def kill_run(tmp_path, durability: str, hooks=None, **kw):
+    """One replica, two shards, a fixed number of steps, shard 1 killed at step 40 (unless ``hooks`` says
     otherwise): deterministic enough that the run always reaches the kill, and every push goes to both shards (the
     odd model's tensors span them)."""
     settings = dict(runtime="inprocess", replicas=1, shards=2, batch_size=64, max_steps=400, max_seconds=0,
                     eval_every_seconds=3600, num_samples=2000,
                     durability=durability, checkpoint_every_seconds=0, out=str(tmp_path / durability))
     settings.update(kw)
-    faults = faults or Faults(kill_shard_at_step=40, kill_shard_id=1)
-    return train_task(RunConfig(**settings), quiet=True, faults=faults).summary
+    hooks = hooks or Faults(kill_shard_at_step=40, kill_shard_id=1)
+    return train_task(RunConfig(**settings), quiet=True, hooks=hooks).summary
 
 
 def kill_between_snapshots(every: int):
@@ -36,7 +36,7 @@ def kill_between_snapshots(every: int):
             st = trainer.server.stats()[1]
             if st["snapshot_version"] >= every and 0 < st["updates"] - st["snapshot_version"] < every:
                 seen.update(updates=st["updates"], snapshot=st["snapshot_version"])
-                trainer._kill_shard(1, sum(r.steps for r in trainer.replicas.values()))
+                trainer.kill_shard(1)
         elif any(e["event"] == "shard restored" for e in trainer.events):
             trainer.request_stop("shard killed and restored")
 
@@ -48,7 +48,7 @@ def test_snapshot_mode_reports_exactly_the_updates_it_lost(tmp_path):
     # since the last, and comes back from that snapshot. Shard 0 applied every push; shard 1 lacks exactly the
     # updates it had applied after its snapshot. (A step budget far beyond the kill: the probe ends the run.)
     seen, probe = kill_between_snapshots(25)
-    s = kill_run(tmp_path, "snapshot", faults=Faults(on_evaluation=probe), checkpoint_every_updates=25,
+    s = kill_run(tmp_path, "snapshot", hooks=Faults(on_evaluation=probe), checkpoint_every_updates=25,
                  max_steps=10**6, eval_every_seconds=0.05, evaluation="paused")
     assert s["stop_reason"] == "shard killed and restored"
     up = s["updates_per_shard"]
@@ -85,7 +85,7 @@ def test_log_mode_recovery_is_bit_for_bit_the_undisturbed_run(tmp_path):
                     eval_every_seconds=3600, num_samples=2000, durability="log", checkpoint_every_seconds=0,
                     checkpoint_every_updates=25)
     killed = train_task(RunConfig(**settings, out=str(tmp_path / "killed")), quiet=True,
-                        faults=Faults(kill_shard_at_step=40, kill_shard_id=1))
+                        hooks=Faults(kill_shard_at_step=40, kill_shard_id=1))
     undisturbed = train_task(RunConfig(**settings, out=str(tmp_path / "undisturbed")), quiet=True)
     assert killed.summary["shard_restarts"] == 1 and undisturbed.summary["shard_restarts"] == 0
     assert killed.summary["updates_lost"] == 0
@@ -107,7 +107,7 @@ def test_replicate_mode_failover_is_bit_for_bit_the_undisturbed_run(tmp_path, st
     settings = dict(runtime="inprocess", strategy=strategy, replicas=1, shards=2, batch_size=64, max_steps=120,
                     max_seconds=0, eval_every_seconds=3600, num_samples=2000)
     killed = train_task(RunConfig(**settings, durability="replicate", out=str(tmp_path / "killed")), quiet=True,
-                        faults=Faults(kill_shard_at_step=40, kill_shard_id=1))
+                        hooks=Faults(kill_shard_at_step=40, kill_shard_id=1))
     undisturbed = train_task(RunConfig(**settings, durability="off"), quiet=True)
     s = killed.summary
     assert s["shard_restarts"] == 1 and s["updates_lost"] == 0 and s["backups_replaced"] == 1
@@ -180,7 +180,7 @@ def test_snapshot_mode_counts_exactly_with_colocated_updates_on_ray(tmp_path):
     since the last, so the loss is certain: at least those (more when the replica's writes to the dead shard's
     memory went on after the kill, or the last snapshot's write died with the process)."""
     seen, probe = kill_between_snapshots(25)
-    s = kill_run(tmp_path, "snapshot", faults=Faults(on_evaluation=probe), runtime="ray",
+    s = kill_run(tmp_path, "snapshot", hooks=Faults(on_evaluation=probe), runtime="ray",
                  checkpoint_every_updates=25, max_steps=10**6, eval_every_seconds=0.05, evaluation="paused")
     assert s["stop_reason"] == "shard killed and restored"
     up = s["updates_per_shard"]

@@ -66,7 +66,7 @@ def test_replicas_join_as_a_node_arrives_and_leave_with_it_while_the_run_goes_on
     cfg = RunConfig(runtime="ray", replicas=1, max_replicas=3, shards=2, batch_size=32, max_seconds=120,
                     eval_every_seconds=1.0, durability="off", out=str(tmp_path / "run"))
     try:
-        s = train_task(cfg, quiet=True, runtime=runtime, faults=Faults(on_evaluation=probe)).summary
+        s = train_task(cfg, quiet=True, runtime=runtime, hooks=Faults(on_evaluation=probe)).summary
     finally:
         runtime.shutdown()
         ray.shutdown()

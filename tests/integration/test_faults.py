@@ -35,6 +35,6 @@ def assert_recovered(summary, target=0.78):
 @pytest.mark.slow
 def test_inprocess_shard_killed_is_restored_from_checkpoint_and_log(tmp_path):
     cfg, faults = shard_kill_config(tmp_path, "inprocess", batch_size=32)
-    res = train_task(cfg, quiet=True, faults=faults)
+    res = train_task(cfg, quiet=True, hooks=faults)
     assert_recovered(res.summary)
     assert (tmp_path / "run" / "checkpoints" / "shard-001").is_dir()

@@ -80,7 +80,7 @@ def test_inprocess_partition_killed_restarts_its_group_not_the_job(partition_id,
     threads_before = {t.ident for t in threading.enumerate()}
     cfg, faults = partition_config("inprocess", kill_replica_at_step=30, kill_replica_id=1,
                                    kill_partition_id=partition_id)
-    res = train_task(cfg, quiet=False, faults=faults)
+    res = train_task(cfg, quiet=False, hooks=faults)
     assert_group_restarted(res.summary, "inprocess", capsys.readouterr().err, partition_id)
     # The dead group's partition threads (and every other group's) were released, not left idling.
     deadline = time.monotonic() + 5
@@ -95,7 +95,7 @@ def test_inprocess_partition_killed_restarts_its_group_not_the_job(partition_id,
 def test_inprocess_shard_killed_during_partitioned_run():
     cfg, faults = partition_config("inprocess", kill_shard_at_step=30, kill_shard_id=1,
                                    checkpoint_every_seconds=1, durability="log")
-    res = train_task(cfg, quiet=True, faults=faults)
+    res = train_task(cfg, quiet=True, hooks=faults)
     assert_shard_recovered(res.summary)
 
 
@@ -132,7 +132,7 @@ class TestRayPartitionFaults:
             snapshots.append((record["wall_s"], *live_ray_state()))
 
         cfg, faults = partition_config("ray", kill_replica_at_step=30, kill_replica_id=1, kill_partition_id=1)
-        res = train_task(cfg, quiet=False, faults=dataclasses.replace(faults, on_evaluation=snapshot))
+        res = train_task(cfg, quiet=False, hooks=dataclasses.replace(faults, on_evaluation=snapshot))
         assert_group_restarted(res.summary, "ray", capsys.readouterr().err, 1)
         # Before the kill and after the restart: one placement group and two partition actors per replica, one
         # group actor per replica, one actor per shard -- the dead group left nothing behind.
@@ -153,6 +153,6 @@ class TestRayPartitionFaults:
         # One replica (its two partitions) is all this needs.
         cfg, faults = partition_config("ray", kill_shard_at_step=30, kill_shard_id=1, durability="replicate",
                                        replicas=1)
-        res = train_task(cfg, quiet=True, faults=faults)
+        res = train_task(cfg, quiet=True, hooks=faults)
         assert_shard_recovered(res.summary)
         assert res.summary["backups_replaced"] == 1

@@ -55,7 +55,7 @@ def check_paused_evaluation(toy_data, runtime):
     # max_seconds only guards against a run that never gets there: the probe ends it
     res = train(make_odd_model, toy_data[0], toy_data[1], quiet=True, runtime=runtime, replicas=2, shards=2,
                 max_seconds=120, eval_every_seconds=0.2, batch_size=8, evaluation="paused",
-                faults=Faults(on_evaluation=probe))
+                hooks=Faults(on_evaluation=probe))
     assert res.summary["stop_reason"] == "evaluations probed" and res.summary["evaluation"] == "paused"
     assert len(probe.held) >= 3 and all(probe.held), probe.held
     # training time excludes the evaluations: the clock stood still through each of them
@@ -84,7 +84,7 @@ def check_partitioned_paused_evaluation(runtime):
     probe = PausedProbe()
     cfg = RunConfig(runtime=runtime, model="lc1d", replicas=1, partitions=2, shards=2, batch_size=32,
                     num_samples=2000, max_seconds=120, eval_every_seconds=0.2, evaluation="paused")
-    res = train_task(cfg, quiet=True, faults=Faults(on_evaluation=probe))
+    res = train_task(cfg, quiet=True, hooks=Faults(on_evaluation=probe))
     assert res.summary["stop_reason"] == "evaluations probed"
     assert len(probe.held) >= 3 and all(probe.held), probe.held
     assert all(probe.clock_still), probe.clock_still
@@ -132,7 +132,7 @@ def test_concurrent_evaluation_lets_the_replicas_train_meanwhile(toy_data):
     probe = SteppingProbe()
     res = train(make_odd_model, toy_data[0], toy_data[1], quiet=True, runtime="inprocess", replicas=2, shards=2,
                 max_seconds=120, eval_every_seconds=0.2, batch_size=8, evaluation="concurrent",
-                faults=Faults(on_evaluation=probe))
+                hooks=Faults(on_evaluation=probe))
     assert res.summary["stop_reason"] == "evaluations probed"
     assert len(probe.stepped) >= 3 and all(probe.stepped)  # the replicas stepped during every evaluation
     assert res.summary["evaluation"] == "concurrent"
@@ -180,7 +180,7 @@ def test_slow_evaluations_are_spaced_out_to_a_tenth_of_the_run(toy_data, capsys)
             trainer.request_stop("three slow evaluations")
 
     res = train(make_odd_model, toy_data[0], toy_data[1], runtime="inprocess", replicas=1, shards=1,
-                max_seconds=120, eval_every_seconds=0.05, batch_size=8, faults=Faults(on_evaluation=slow_evaluation))
+                max_seconds=120, eval_every_seconds=0.05, batch_size=8, hooks=Faults(on_evaluation=slow_evaluation))
     assert res.summary["stop_reason"] == "three slow evaluations"
     gaps = [b - a for a, b in itertools.pairwise(times)]
     assert len(gaps) == 2 and min(gaps) >= 0.9 - 1e-3, gaps  # (wall_s is rounded to the ms)

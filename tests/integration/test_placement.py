@@ -104,7 +104,7 @@ def _run_on(cluster, strategy: str, toy_data, steps: int):
         res = train(make_odd_model, toy_data[0], toy_data[1], runtime=runtime, strategy=strategy, replicas=2,
                     shards=3, max_steps=steps, max_seconds=0, eval_every_seconds=0.01, batch_size=8, lr=0.1,
                     optimizer="sgd", quiet=True,
-                    faults=Faults(on_evaluation=lambda trainer, _: seen.setdefault("trainer", trainer)))
+                    hooks=Faults(on_evaluation=lambda trainer, _: seen.setdefault("trainer", trainer)))
         shards = seen["trainer"].shards
         placed = {"nodes": [runtime.node_of(s) for s in shards],
                   "stats": [runtime.call(s, "stats").result(30) for s in shards],
@@ -181,7 +181,7 @@ def test_shards_land_only_on_nodes_dedicated_to_them(toy_data):
 
         try:
             train(make_odd_model, toy_data[0], toy_data[1], runtime=runtime, replicas=1, shards=2, max_steps=2,
-                  max_seconds=0, eval_every_seconds=0.01, batch_size=8, faults=Faults(on_evaluation=record), quiet=True)
+                  max_seconds=0, eval_every_seconds=0.01, batch_size=8, hooks=Faults(on_evaluation=record), quiet=True)
         finally:
             runtime.shutdown()
         assert nodes["shards"] == {dedicated.node_id}

@@ -141,7 +141,7 @@ def test_trainer_restarts_a_killed_replica(toy_data):
 
     res = train(make_odd_model, toy_data[0], toy_data[1], quiet=True, runtime="inprocess", strategy="sandblaster",
                 replicas=2, shards=2, lbfgs_batch=256, portion_size=8, max_steps=10, max_seconds=0,
-                eval_every_seconds=1, faults=Faults(kill_replica_at_step=2, kill_replica_id=1, portion_delay_s=0.01))
+                eval_every_seconds=1, hooks=Faults(kill_replica_at_step=2, kill_replica_id=1, portion_delay_s=0.01))
     # Killed during iteration 3 (after 2 finished). The replacement starts after its backoff (0.5 s, while the
     # other replica goes on alone), well before the run ends: 7 more iterations of at least 16 portions x 10 ms.
     assert res.summary["replica_restarts"] == 1 and res.summary["replicas_lost"] == 0

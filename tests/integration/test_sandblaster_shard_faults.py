@@ -123,7 +123,7 @@ def test_trainer_fault_injection_restarts_a_killed_shard(toy_data, tmp_path):
 
     res = train(make_odd_model, toy_data[0], toy_data[1], quiet=True, runtime="inprocess", strategy="sandblaster",
                 replicas=2, shards=2, lbfgs_batch=256, portion_size=8, max_steps=6, max_seconds=0,
-                eval_every_seconds=1, faults=Faults(kill_shard_at_step=2, kill_shard_id=1, portion_delay_s=0.002),
+                eval_every_seconds=1, hooks=Faults(kill_shard_at_step=2, kill_shard_id=1, portion_delay_s=0.002),
                 out=str(tmp_path / "run"))
     s = res.summary
     # killed during iteration 3 (after 2 finished), always before the run can end at iteration 6

@@ -48,7 +48,7 @@ def test_a_killed_table_shard_loses_no_update_on_ray(tmp_path, durability):
               push_every=1, checkpoint_every_seconds=0, checkpoint_every_updates=20)
     ref = train(TinyCTR, ds, ds, runtime="inprocess", durability="off", **kw)
     res = train(TinyCTR, ds, ds, runtime="ray", durability=durability, out=str(tmp_path / "run"),
-                faults=Faults(kill_shard_at_step=30, kill_shard_id=1), **kw)
+                hooks=Faults(kill_shard_at_step=30, kill_shard_id=1), **kw)
     s = res.summary
     assert s["shard_restarts"] == 1 and s["updates_lost"] == 0 and s["rows_pushed"] > 0
     assert s["updates_per_shard"] == [60, 60]

@@ -24,7 +24,7 @@ def test_log_mode_recovery_of_a_table_shard_is_bit_for_bit_the_undisturbed_run(t
     ds = ctr_data(n=1024)
     settings = {"max_steps": 90, "durability": "log", "checkpoint_every_seconds": 0,
                 "checkpoint_every_updates": 10**6, "optimizer": optimizer}
-    killed = run_downpour(TinyCTR, ds, **settings, out=str(tmp_path / "killed"), faults=KILL)
+    killed = run_downpour(TinyCTR, ds, **settings, out=str(tmp_path / "killed"), hooks=KILL)
     undisturbed = run_downpour(TinyCTR, ds, **settings, out=str(tmp_path / "undisturbed"))
     s = killed.summary
     assert s["shard_restarts"] == 1 and undisturbed.summary["shard_restarts"] == 0
@@ -40,7 +40,7 @@ def test_replicate_mode_failover_of_a_table_shard_loses_no_update(tmp_path):
     takes over; the run ends bit for bit as the same run without the kill, and without durability at all."""
     ds = ctr_data(n=1024)
     killed = run_downpour(TinyCTR, ds, max_steps=90, durability="replicate", out=str(tmp_path / "killed"),
-                          faults=KILL)
+                          hooks=KILL)
     undisturbed = run_downpour(TinyCTR, ds, max_steps=90, durability="off")
     s = killed.summary
     assert s["shard_restarts"] == 1 and s["updates_lost"] == 0 and s["backups_replaced"] == 1

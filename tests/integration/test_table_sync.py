@@ -182,7 +182,7 @@ def test_a_backup_replica_two_of_three_gradients_are_averaged_and_the_dropped_on
     ds = _disjoint_rows_data()
     steps = 40
     res = run_sync(TinyCTR, ds, replicas=2, backup_replicas=1, max_steps=steps,
-                   faults=Faults(straggler_id=2, straggler_slowdown=12))
+                   hooks=Faults(straggler_id=2, straggler_slowdown=12))
     s = res.summary
     assert s["backup_replicas"] == 1 and s["updates_per_shard"] == [steps, steps]
     assert s["examples"] == steps * 2 * BATCH and s["dropped_gradients"] > 0
@@ -206,7 +206,7 @@ def test_log_mode_recovery_of_a_sync_table_shard_is_bit_for_bit_the_undisturbed_
     ds = ctr_data(n=512)
     settings = {"max_steps": 30, "durability": "log", "checkpoint_every_seconds": 0, "checkpoint_every_updates": 8,
                 "optimizer": optimizer}
-    killed = run_sync(TinyCTR, ds, **settings, out=str(tmp_path / "killed"), faults=KILL)
+    killed = run_sync(TinyCTR, ds, **settings, out=str(tmp_path / "killed"), hooks=KILL)
     undisturbed = run_sync(TinyCTR, ds, **settings, out=str(tmp_path / "undisturbed"))
     s = killed.summary
     assert s["shard_restarts"] == 1 and undisturbed.summary["shard_restarts"] == 0
@@ -220,7 +220,7 @@ def test_replicate_mode_failover_of_a_sync_table_shard_loses_no_update(tmp_path)
     """Shard 1's primary killed at step 40: its backup, to which every mean was forwarded with its rows, takes
     over; the run ends bit for bit as the same run without the kill, and as the oracle."""
     ds = ctr_data(n=512)
-    killed = run_sync(TinyCTR, ds, max_steps=30, durability="replicate", out=str(tmp_path / "killed"), faults=KILL)
+    killed = run_sync(TinyCTR, ds, max_steps=30, durability="replicate", out=str(tmp_path / "killed"), hooks=KILL)
     s = killed.summary
     assert s["shard_restarts"] == 1 and s["updates_lost"] == 0 and s["backups_replaced"] == 1
     assert [e["event"] for e in s["events"]] == ["shard killed", "shard failed over", "backup replaced"]

@@ -117,3 +117,14 @@ def test_roles_and_their_internals_never_import_a_driver():
     assert len(below) > 20
     bad = {m: sorted(d for d in edges[m] if d.startswith(drivers)) for m in below}
     assert {m: d for m, d in bad.items() if d} == {}
+
+
+def test_the_product_never_imports_its_test_tooling():
+    """Fault injection lives in distbelief/testing and reaches a run only through the run hooks (hooks.py): no
+    driver, replica or shard imports it (imports inside functions included). A test hook in the product would make
+    a test run differ from a user's."""
+    edges, _ = _graph()
+    product = [m for m in edges if not m.startswith("distbelief.testing")]
+    assert len(product) > 50
+    bad = {m: sorted(d for d in edges[m] if d.startswith("distbelief.testing")) for m in product}
+    assert {m: d for m, d in bad.items() if d} == {}

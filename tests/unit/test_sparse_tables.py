@@ -305,7 +305,7 @@ def test_a_killed_table_shard_restarts_from_its_snapshot_and_reports_what_it_los
     res = train(TinyCTR, ds, ds, quiet=True, runtime="inprocess", replicas=1, shards=2, batch_size=BATCH,
                 max_steps=120, max_seconds=0, eval_every_seconds=3600, seed=SEED, durability="snapshot",
                 checkpoint_every_seconds=0, checkpoint_every_updates=25, out=str(tmp_path / "run"),
-                faults=Faults(kill_shard_at_step=40, kill_shard_id=1))
+                hooks=Faults(kill_shard_at_step=40, kill_shard_id=1))
     s = res.summary
     up = s["updates_per_shard"]
     assert s["shard_restarts"] == 1 and up[0] == 120
@@ -383,7 +383,7 @@ def test_ssp_with_tables_holds_replicas_within_the_bound():
 
     ds = ctr_data(n=1024)
     res = run_downpour(TinyCTR, ds, replicas=3, max_steps=30, consistency="ssp", staleness_bound=1,
-                       optimizer="adagrad", faults=Faults(straggler_id=1, straggler_slowdown=4))
+                       optimizer="adagrad", hooks=Faults(straggler_id=1, straggler_slowdown=4))
     s = res.summary
     assert s["steps_per_replica"] == [30, 30, 30] and s["clock_gap_max"] <= 1
     assert s["updates"] == 3 * 30 * 2 and s["rows_pushed"] > 0

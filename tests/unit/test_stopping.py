@@ -60,3 +60,42 @@ def test_a_driver_without_a_step_count_leaves_the_step_limit_to_its_workers():
     r, _ = rule(max_steps=10)
     assert not r.check(steps=None) and r.reason == ""
     assert r.end(stopping.STEP_LIMIT) == stopping.STEP_LIMIT
+
+
+def test_evaluations_reach_the_target_and_the_rule_stops_on_it():
+    clock = FakeClock()
+    r = StopRule(0, 0.0, clock.elapsed, target=0.8)
+    r.evaluated(0.5, 1.0)
+    assert not r.check() and r.best == 0.5 and r.time_to_target is None
+    r.evaluated(0.85, 2.5)
+    r.evaluated(0.9, 4.0)  # later evaluations move the best, not the time the target was reached
+    assert r.time_to_target == 2.5 and r.best == 0.9
+    assert r.check() and r.reason == stopping.TARGET
+
+
+def test_no_target_is_never_reached_and_a_resumed_run_keeps_its_own_record():
+    r = StopRule(0, 0.0, FakeClock().elapsed, target=None)
+    r.evaluated(1.0, 1.0)
+    assert r.time_to_target is None and not r.check()
+    r = StopRule(0, 0.0, FakeClock().elapsed, target=0.5, best=0.7, time_to_target=12.0)  # resumed
+    r.evaluated(0.6, 20.0)
+    assert r.best == 0.7 and r.time_to_target == 12.0
+
+
+def test_outcome_fields_are_the_summarys_for_every_driver():
+    from distbelief.summary import RunSummary
+
+    clock = FakeClock()
+    r = StopRule(0, 5.0, clock.elapsed, target=0.9)
+    r.evaluated(0.6, 1.0)
+    clock.t = 5.0
+    assert r.check() and r.reason == stopping.TIME_BUDGET
+    out = r.outcome_fields(final_metric=0.65, examples=1000, wall_s=4.0)
+    assert out == dict(final_test_accuracy=0.65, best_test_accuracy=0.65, target_accuracy=0.9,
+                       time_to_target_s=None, examples=1000, examples_per_s=250.0,
+                       stop_reason=stopping.TIME_BUDGET, wall_s=4.0)
+    s = RunSummary(strategy="sgd", runtime="x", replicas=1, num_parameters=1, updates=1, steps_per_replica=[1],
+                   **out)
+    assert s.stop_reason == stopping.TIME_BUDGET
+    # a run whose workers stopped themselves at the step limit, with nothing else ending it
+    assert StopRule(10, 0.0, clock.elapsed).outcome_fields(0.1, 0, 0.0)["stop_reason"] == stopping.STEP_LIMIT

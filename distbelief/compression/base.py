@@ -1,0 +1,62 @@
+"""What every compression scheme provides (see the package's docstring)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+import numpy as np
+import torch
+
+Range = tuple[int, int]
+
+
+class Codec(ABC):
+    """One scheme for one model layout. ``ranges``: the flat ``[lo, hi)`` range of each shard, in shard order.
+
+    ``encode(a)`` returns one part per shard (picklable: tensors and numbers) from the full float32 flat vector
+    ``a``; ``decode(part, lo, hi)`` is the dense float32 range ``a``'s part stands for, as the shard applies it;
+    ``formula_bytes(k)`` is what the scheme's arithmetic says part k weighs on the wire (``wire_bytes`` of the part
+    must equal it: the tests hold them to it). A codec may keep state between pushes (PowerSGD's warm start), so
+    each replica has its own."""
+
+    name: str = "codec"
+
+    def __init__(self, ranges: list[Range]):
+        self.ranges = list(ranges)
+
+    @abstractmethod
+    def encode(self, a: torch.Tensor) -> list[Any]:
+        """One part per shard from the flat float32 vector ``a``."""
+
+    @staticmethod
+    @abstractmethod
+    def decode(part: Any, lo: int, hi: int) -> torch.Tensor:
+        """The dense float32 values of ``[lo, hi)`` that ``part`` stands for (a new tensor)."""
+
+    @abstractmethod
+    def formula_bytes(self, k: int) -> int:
+        """Bytes of shard k's part by the scheme's formula."""
+
+    def sent(self, parts: list[Any]) -> torch.Tensor:
+        """The flat vector the shards will apply: every part decoded by the shards' own code."""
+        return torch.cat([self.decode(p, lo, hi) for p, (lo, hi) in zip(parts, self.ranges)])
+
+    def describe(self) -> str:
+        return self.name
+
+
+def wire_bytes(obj: Any) -> int:
+    """Payload bytes of a part as it crosses the wire: the bytes of every tensor or array in it (ints and floats
+    as 4 bytes each, tuples and lists summed); the message framing around them is not counted."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, np.ndarray):
+        return obj.nbytes
+    if isinstance(obj, (tuple, list)):
+        return sum(wire_bytes(x) for x in obj)
+    if isinstance(obj, (int, float)):
+        return 4
+    if obj is None:
+        return 0
+    raise TypeError(f"cannot size a {type(obj).__name__} for the wire")

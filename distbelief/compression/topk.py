@@ -1,0 +1,49 @@
+"""``topk``: per shard range, the ``ceil(ratio * n)`` values of largest magnitude and their int32 positions in the
+range (8 bytes per value kept); the rest waits in the replica's residual (feedback.py) until it grows large
+enough to be sent. Per range, not over the whole vector: each shard gets the same share of its values, and no
+shard waits for a global selection."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from distbelief.compression.base import Codec
+
+
+def kept(ratio: float, n: int) -> int:
+    return min(n, max(1, math.ceil(ratio * n))) if n else 0
+
+
+class TopK(Codec):
+    name = "topk"
+
+    def __init__(self, ranges, ratio: float):
+        super().__init__(ranges)
+        if not 0 < ratio <= 1:
+            raise ValueError(f"ratio must be in (0, 1], got {ratio!r}")
+        self.ratio = ratio
+
+    def encode(self, a: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        parts = []
+        for lo, hi in self.ranges:
+            x = a[lo:hi]
+            idx = torch.topk(x.abs(), kept(self.ratio, hi - lo), sorted=False).indices
+            idx, _ = torch.sort(idx)  # in order: the shard writes them in one pass
+            parts.append((idx.to(torch.int32), x[idx].clone()))
+        return parts
+
+    @staticmethod
+    def decode(part, lo: int, hi: int) -> torch.Tensor:
+        idx, values = part
+        out = torch.zeros(hi - lo, dtype=torch.float32)
+        out[idx.long()] = values
+        return out
+
+    def formula_bytes(self, k: int) -> int:
+        lo, hi = self.ranges[k]
+        return 8 * kept(self.ratio, hi - lo)
+
+    def describe(self) -> str:
+        return f"topk (ratio {self.ratio:g})"

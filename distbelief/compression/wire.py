@@ -1,0 +1,64 @@
+"""A compressed push as it travels: the replica's client hands a transport an ``EncodedPush`` (every shard's part);
+a transport sends each shard its ``EncodedRange`` (``push[lo:hi]``), or, on one node, the whole push (the shard
+takes its own part); the shard decodes it into the dense range it applies (``dense_push``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from distbelief.compression.base import wire_bytes
+
+
+def _decoder(codec: str):
+    from distbelief.compression.registry import codec_class
+
+    return codec_class(codec).decode
+
+
+@dataclass
+class EncodedRange:
+    """Shard range ``[lo, hi)`` of a push, encoded by ``codec``."""
+
+    codec: str
+    part: Any
+    lo: int
+    hi: int
+
+    def decode(self) -> torch.Tensor:
+        return _decoder(self.codec)(self.part, self.lo, self.hi)
+
+    @property
+    def nbytes(self) -> int:
+        return wire_bytes(self.part)
+
+
+@dataclass
+class EncodedPush:
+    """Every shard's part of one push, in shard order (``ranges[k]`` is shard k's)."""
+
+    codec: str
+    parts: list
+    ranges: list
+
+    def __getitem__(self, s: slice) -> EncodedRange:
+        for part, (lo, hi) in zip(self.parts, self.ranges):
+            if (lo, hi) == (s.start, s.stop):
+                return EncodedRange(self.codec, part, lo, hi)
+        raise KeyError(f"no part of this push covers exactly [{s.start}, {s.stop})")
+
+    def covering(self, lo: int, hi: int) -> EncodedRange:
+        """The part whose range is the shard range ``[lo, hi)``."""
+        return self[lo:hi]
+
+
+def dense_push(grad, offset: int, lo: int, hi: int) -> tuple[Any, int, int | None]:
+    """``(grad, offset, wire bytes)`` as a shard holding ``[lo, hi)`` applies a push: an encoded push decoded into its
+    dense float32 range (with the payload bytes that arrived), anything else as it came (None: not encoded)."""
+    if isinstance(grad, EncodedPush):
+        grad = grad.covering(lo, hi)
+    if isinstance(grad, EncodedRange):
+        return grad.decode(), grad.lo, grad.nbytes
+    return grad, offset, None
