@@ -175,6 +175,9 @@ def check_tables(model: torch.nn.Module, cfg: RunConfig) -> None:
     if cfg.compress != "none":
         raise ConfigError("compress", f"{why}: their pushes carry only the rows a minibatch touched already; "
                                       f"compressing the rest is not built yet (use --compress none)")
+    if cfg.compress_fetch != "none":
+        raise ConfigError("compress_fetch", f"{why}: their replicas fetch only the rows a minibatch uses already; "
+                                            f"compressed fetches are not built for them yet (use none)")
 
 
 def compact_subset(dataset, indices) -> "torch.utils.data.TensorDataset":

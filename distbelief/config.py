@@ -27,7 +27,7 @@ from distbelief.exceptions import ConfigError
 from distbelief.ps.rules import RULES, has_torch_optimizer
 
 __all__ = [
-    "APPLIES_TO", "COMPRESSION", "CONSISTENCY_MODES", "DURABILITY_MODES", "EVALUATION_MODES", "FIELD_HELP",
+    "APPLIES_TO", "COMPRESSION", "CONSISTENCY_MODES", "FETCH_COMPRESSION", "DURABILITY_MODES", "EVALUATION_MODES", "FIELD_HELP",
     "LOCAL_STRATEGIES", "RANGES", "RUNTIMES", "RunConfig", "OPTIMIZERS", "SECTIONS", "STRATEGIES", "config_from",
     "ignored_by_strategy", "load_toml", "saved_run_values", "section_of",
 ]
@@ -36,6 +36,7 @@ STRATEGIES = ("sgd", "sync", "downpour", "sandblaster", "hogwild", "ddp")
 LOCAL_STRATEGIES = ("hogwild", "ddp")  # torch.multiprocessing baselines: this machine, no parameter server
 CONSISTENCY_MODES = ("async", "ssp", "sync")  # Downpour's consistency knob (docs/consistency.md)
 COMPRESSION = ("none", "fp16", "topk", "qsgd", "powersgd")  # what a push sends (distbelief/compression)
+FETCH_COMPRESSION = ("none", "fp16", "delta")  # what a fetch sends
 # The server update rules (distbelief/ps/rules); auto: adagrad on a parameter server (downpour, sync), sgd otherwise
 OPTIMIZERS = ("auto", *RULES)
 DURABILITY_MODES = ("off", "snapshot", "log", "replicate")
@@ -152,7 +153,7 @@ class RunConfig:
     compress_ratio: float = 0.01  # topk: the share of each shard range's values a push keeps
     compress_bits: int = 4  # qsgd: bits per value (2, 4 or 8)
     compress_rank: int = 4  # powersgd: the rank of each weight matrix's approximation
-    compress_fetch: str = "none"  # what a fetch sends: none (float32) or fp16
+    compress_fetch: str = "none"  # what a fetch sends: none (float32), fp16 or delta (the values changed since)
     # when to stop
     max_steps: int = 0
     max_seconds: float = 60.0
@@ -244,7 +245,7 @@ class RunConfig:
         choose("durability", self.durability, DURABILITY_MODES)
         choose("evaluation", self.evaluation, EVALUATION_MODES)
         choose("compress", self.compress, COMPRESSION)
-        choose("compress_fetch", self.compress_fetch, ("none", "fp16"))
+        choose("compress_fetch", self.compress_fetch, FETCH_COMPRESSION)
         if self.compress_bits not in (2, 4, 8):
             raise ConfigError("compress_bits", f"must be 2, 4 or 8 (bits per value, packed into bytes), got "
                                                f"{self.compress_bits!r}")
@@ -410,6 +411,10 @@ class RunConfig:
             if getattr(self, name) != "none" and self.partitions > 1:
                 raise ConfigError(name, "partitioned replicas push and fetch uncompressed (each partition its own "
                                         "range); use none or --partitions 1")
+        if self.compress_fetch == "delta" and self.local_lr:
+            raise ConfigError("compress_fetch", "delta fetches update only the values the shards changed, so the "
+                                                "replica's copy must be the shards' own: drop --local-lr (or "
+                                                "fetch whole, none or fp16)")
 
     def _check_consistency(self) -> None:
         if self.consistency == "ssp" and self.strategy != "downpour":
@@ -524,8 +529,10 @@ FIELD_HELP: dict[str, str] = {
     "compress_ratio": "compress topk: the share of each shard range's values a push keeps, in (0, 1]",
     "compress_bits": "compress qsgd: bits per value (2, 4 or 8)",
     "compress_rank": "compress powersgd: the rank of each weight matrix's approximation",
-    "compress_fetch": "what a fetch sends the replicas: none (float32) or fp16 (half the bytes; the replicas "
-                      "compute on parameters rounded to float16, the shards keep float32)",
+    "compress_fetch": "what a fetch sends the replicas: none (float32), fp16 (half the bytes; the replicas "
+                      "compute on parameters rounded to float16, the shards keep float32) or delta (only the "
+                      "values changed since the replica's last fetch, with their positions, when that is smaller: "
+                      "with topk pushes most values do not change between two fetches; exact)",
     "overlap": "prefetch the next parameters while computing (one step staler; measured slower than the default "
                "fused push-fetch loop on one machine, see benchmarks/RESULTS.md)",
     "max_steps": "stop after this many steps per replica (sandblaster: L-BFGS iterations) (0 = no limit)",

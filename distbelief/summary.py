@@ -78,6 +78,7 @@ class RunSummary:
 
     # -- compressed pushes (--compress; distbelief/compression) --
     compress: str | None = None  # the scheme and its parameter, e.g. "topk (ratio 0.01)"
+    compress_fetch: str | None = None  # none, fp16 or delta
     compressed_push_bytes: int | None = None  # payload bytes the replicas' pushes sent (their latest processes)
     residuals_dropped: int | None = None  # error-feedback residuals lost with a replica's process (restarts, losses)
 

@@ -54,6 +54,22 @@ class EncodedPush:
         return self[lo:hi]
 
 
+@dataclass
+class Fetched:
+    """A shard's answer to a delta fetch (``--compress-fetch delta``): its ``token`` (one per shard process: a
+    restarted shard or a backup taking over has another, so the replica's next fetch is whole) and either every
+    value of its range (``idx`` None) or the values at ``idx`` (int32 positions in the range), those changed since
+    the version the replica asked from."""
+
+    token: str
+    idx: Any
+    values: Any
+
+    @property
+    def nbytes(self) -> int:
+        return (0 if self.idx is None else self.idx.nbytes) + self.values.nbytes
+
+
 def dense_push(grad, offset: int, lo: int, hi: int) -> tuple[Any, int, int | None]:
     """``(grad, offset, wire bytes)`` as a shard holding ``[lo, hi)`` applies a push: an encoded push decoded into its
     dense float32 range (with the payload bytes that arrived), anything else as it came (None: not encoded)."""

@@ -35,6 +35,7 @@ import torch
 
 from distbelief.buffers import buffers_of
 from distbelief.compression import EncodedPush, ErrorFeedback, make_codec
+from distbelief.compression.wire import Fetched
 from distbelief.compression.powersgd import tensor_layout
 from distbelief.data.batches import BatchSource, StreamBatches, replica_indices
 from distbelief.data.loading import stream_of
@@ -59,7 +60,7 @@ class ReplicaSettings:
     compress_ratio: float = 0.01
     compress_bits: int = 4
     compress_rank: int = 4
-    compress_fetch: str = "none"  # "fp16": the shards answer fetches in float16
+    compress_fetch: str = "none"  # "fp16": the shards answer in float16; "delta": only the values changed
     # Where the replica computes: "cpu", "cuda", "cuda:N" or "auto" (RunConfig.device; distbelief/devices.py).
     device: str = "cpu"
 
@@ -214,6 +215,8 @@ class ModelReplica:
         # Compressed pushes: the codec and the residual it leaves, which lives here (compression/feedback.py).
         self.feedback = self._feedback(settings, client, source)
         client.fetch_half = settings.compress_fetch == "fp16"
+        if settings.compress_fetch == "delta":  # nothing fetched yet: the first answers are whole
+            client.fetch_since = [("", -1)] * len(client.handles)
         # Fused push-fetch loop: one call per shard per step instead of two (see the module docstring); a
         # compressed push travels as call arguments, apart from the fetch.
         self.fused = (not settings.overlap and settings.fetch_every == 1 and settings.push_every == 1
@@ -337,7 +340,13 @@ class ModelReplica:
         if self.first_push_time is None and self.pushes:
             self.first_push_time = time.time()
         flat = self.source.flat
-        for lo, values in parts:
+        for k, (lo, values) in enumerate(parts):
+            if isinstance(values, Fetched):  # a delta fetch's answer (ps/shard.py ``fetch``)
+                self.client.fetch_since[k] = (values.token, versions[k])
+                if values.idx is not None:
+                    flat[lo + torch.from_numpy(values.idx).long()] = torch.from_numpy(values.values)
+                    continue
+                values = values.values
             src, dst = torch.as_tensor(values), flat[lo : lo + len(values)]
             if src.data_ptr() != dst.data_ptr():  # not already in place (a shard wrote our shared buffer)
                 dst.copy_(src)

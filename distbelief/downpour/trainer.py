@@ -691,6 +691,7 @@ class ParameterServerTrainer:
         cfg = self.cfg
         return dict(**self._table_traffic(stats),
                     compress=describe(cfg.compress, cfg.compress_ratio, cfg.compress_bits, cfg.compress_rank),
+                    compress_fetch=cfg.compress_fetch,
                     compressed_push_bytes=sum(s.get("compressed_bytes") or 0 for s in latest if s),
                     residuals_dropped=self.supervisor.replica_restarts + self.supervisor.replicas_lost
                     + (cfg.replicas_started if self.prev else 0))

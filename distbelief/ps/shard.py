@@ -14,11 +14,12 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+import uuid
 
 import numpy as np
 import torch
 
-from distbelief.compression.wire import dense_push
+from distbelief.compression.wire import Fetched, dense_push
 from distbelief.ps.arrays import PARAMS, all_finite, as_tensor
 from distbelief.ps.durability import Durability, DurableShard, SnapshotWriter
 from distbelief.ps.memory import process_memory, tensor_bytes
@@ -127,6 +128,10 @@ class ParameterShard(DurableShard, ReplicatedShard, VectorAlgebra, ShardTables):
             self._last_ckpt_version = self.version
             self._last_ckpt_time_ns = time.monotonic_ns()
             self._init_tables(slicer, rows, rows_state)
+        # Delta fetches (--compress-fetch delta): this process's token, and per value the version at which it last
+        # changed (allocated at the first delta fetch).
+        self.token = uuid.uuid4().hex[:16]
+        self._modified: np.ndarray | None = None
         self.restored_from_version = -1
         self.replayed_updates = 0
         self.corrupt_checkpoints: list[str] = []
@@ -200,16 +205,46 @@ class ParameterShard(DurableShard, ReplicatedShard, VectorAlgebra, ShardTables):
             return self.version
 
     # ------------------------------------------------------------------ Downpour
-    def fetch(self, replica_id: int = -1, half: bool = False) -> tuple[np.ndarray, int]:
+    def fetch(self, replica_id: int = -1, half: bool = False, since: tuple[str, int] | None = None
+              ) -> tuple[np.ndarray | Fetched, int]:
         """The live parameter slice and its version. Callers in the same process must copy it. ``half``: as
-        float16 (a copy; half the bytes on the wire, ``--compress-fetch fp16``)."""
+        float16 (a copy; half the bytes on the wire, ``--compress-fetch fp16``). ``since``: a delta fetch
+        (``--compress-fetch delta``): ``(token, version)`` of the caller's last fetch from this shard, or
+        ``("", -1)`` for none; the answer is a ``Fetched`` with only the values changed since then when that is
+        smaller than the whole range (the same token: this process served that fetch), else the whole range."""
         with self.lock:  # shared: co-located replicas write it meanwhile, so a copy taken under the lock
+            if since is not None:
+                return self._fetch_delta(*since), self.version
             if half:
                 values = self._params_np.astype(np.float16)
             else:
                 values = self._params_np.copy() if self._shared else self._params_np
             self.bytes_fetched += values.nbytes
             return values, self.version
+
+    def _fetch_delta(self, token: str, version: int) -> Fetched:
+        if self._modified is None:  # the first delta fetch: every value counts as changed now
+            self._modified = np.full(self.hi - self.lo, self.version, dtype=np.int64)
+        if token == self.token and 0 <= version <= self.version:
+            idx = np.flatnonzero(self._modified > version).astype(np.int32)
+            if idx.size * 8 < self._params_np.nbytes:  # 4 bytes of position + 4 of value, against 4 each
+                out = Fetched(self.token, idx, self._params_np[idx])
+                self.bytes_fetched += out.nbytes
+                return out
+        out = Fetched(self.token, None, self._params_np.copy())
+        self.bytes_fetched += out.nbytes
+        return out
+
+    def _mark_changed(self, a: int, b: int, g) -> None:
+        """Record the version at which ``[a, b)`` (local) changed, for delta fetches: where the gradient was not 0
+        if the rule keeps such values bit for bit, else all of it."""
+        if self._modified is None:
+            return
+        m = self._modified[a:b]
+        if getattr(self.optimizer, "zero_gradient_keeps", False):
+            m[np.asarray(g) != 0] = self.version
+        else:
+            m[:] = self.version
 
     def fetch_range(self, lo: int, hi: int, replica_id: int = -1) -> tuple[int, np.ndarray, int]:
         """Our part of the flat range ``[lo, hi)``: ``(start, values, version)``, ``values`` covering
@@ -273,6 +308,7 @@ class ParameterShard(DurableShard, ReplicatedShard, VectorAlgebra, ShardTables):
         self.staleness_count += 1
         self._ctr[_HIST0 + staleness_bucket(staleness)] += 1
         self.version += 1
+        self._mark_changed(a, b, g)
         self.examples += int(num_examples)
         if session:
             self.last_seq[session] = seq
@@ -317,6 +353,7 @@ class ParameterShard(DurableShard, ReplicatedShard, VectorAlgebra, ShardTables):
         self.staleness_count += 1  # a synchronous update is never stale
         self._ctr[_HIST0] += 1
         self.version += 1
+        self._mark_changed(0, self.hi - self.lo, acc)
         self._after_update(0, self.hi - self.lo, 0, acc, rows=rows)  # logged with its rows, as a push
         # the backup applies the mean as a push of staleness 0: the same update (rows too), the same counters
         self._forward(acc.numpy(), self.lo, self.version - 1, 0, 0, 0, wait=True, rows=rows)
@@ -326,6 +363,8 @@ class ParameterShard(DurableShard, ReplicatedShard, VectorAlgebra, ShardTables):
         """Overwrite the parameter slice (used by warmstart from a checkpoint)."""
         with self.lock:
             self.vectors[PARAMS].copy_(as_tensor(values).reshape(-1))
+            if self._modified is not None:
+                self._modified[:] = self.version + 1  # every value changed: the next delta fetch is whole
             return self.version
 
     def memory(self) -> dict:

@@ -156,6 +156,18 @@ class ShardClient(ABC):
         # Pushes carry (session, seq) so that a shard can recognise a push it already applied when it is re-sent.
         self.session = random.getrandbits(62) | 1
         self.seq = 0
+        # How this client's fetches ask (set by its replica, from --compress-fetch): float16 values, or per
+        # shard the (token, version) of its last fetch there, for only the values changed since (a delta).
+        self.fetch_half = False
+        self.fetch_since: list[tuple[str, int]] | None = None
+
+    def fetch_args(self) -> list[tuple]:
+        """Per shard, the arguments of its ``fetch`` call (ps/shard.py ``fetch``)."""
+        if self.fetch_since is not None:
+            return [(self.replica_id, False, self.fetch_since[k]) for k in range(len(self.handles))]
+        if self.fetch_half:
+            return [(self.replica_id, True)] * len(self.handles)
+        return [(self.replica_id,)] * len(self.handles)
 
     def next_seq(self) -> int:
         self.seq += 1

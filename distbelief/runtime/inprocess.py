@@ -86,9 +86,10 @@ class InProcessShardClient(ShardClient):
 
     def fetch_async(self) -> Future:
         parts, versions = [], []
-        for k in range(len(self.handles)):
-            obj, (values, version) = self._call(k, "fetch", self.replica_id, getattr(self, "fetch_half", False))
-            parts.append((obj.lo, values.copy()))  # copied under the shard's lock: a consistent snapshot
+        for k, args in enumerate(self.fetch_args()):
+            obj, (values, version) = self._call(k, "fetch", *args)
+            # copied under the shard's lock: a consistent snapshot (a delta fetch's answer is a copy already)
+            parts.append((obj.lo, values if hasattr(values, "token") else values.copy()))
             versions.append(version)
         return Done((parts, versions))
 

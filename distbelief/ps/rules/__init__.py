@@ -23,6 +23,10 @@ A rule is a frozen dataclass (it is pickled to every shard and co-located replic
     ``torch.sparse_coo_tensor(...).coalesce()``), ``state`` ``init_row_state``'s dict. Only those rows of
     ``weight`` and of the state change; every other row stays bit for bit as it was.
 
+Optional: ``zero_gradient_keeps: ClassVar[bool]``, True when a value whose gradient is 0 stays bit for bit
+(and its state too): a shard then tells a replica's delta fetch (``--compress-fetch delta``) only the values a
+push changed; without it every value a push covers counts as changed.
+
 Optional: ``torch_optimizer(params) -> torch.optim.Optimizer``, the same rule in ``torch.optim`` for the
 strategies that train without a parameter server (sgd, hogwild, ddp). A rule without one (or with
 ``torch_optimizer = None``) is refused for them by ``RunConfig.validate``.

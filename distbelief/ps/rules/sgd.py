@@ -14,6 +14,7 @@ class SGD:
 
     summary: ClassVar[str] = "fixed rate"
     scratch: ClassVar[tuple[str, ...]] = ()
+    zero_gradient_keeps: ClassVar[bool] = True  # a value with gradient 0 stays bit for bit (delta fetches)
 
     lr: float
     staleness_aware: bool = False

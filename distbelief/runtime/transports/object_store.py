@@ -28,9 +28,7 @@ class ObjectStoreTransport(ShardTransport):
         def split(values):
             return [(lo, v[0]) for lo, v in zip(los, values)], [v[1] for v in values]
 
-        # (half: --compress-fetch fp16, which a replica sets on its client)
-        args = (c.replica_id, True) if getattr(c, "fetch_half", False) else (c.replica_id,)
-        return calls(c, "fetch", [args] * len(c.handles), transform=split)
+        return calls(c, "fetch", c.fetch_args(), transform=split)
 
     def push(self, g, versions, num_examples, seq, rows) -> Future:
         c = self.client
