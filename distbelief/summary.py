@@ -73,6 +73,7 @@ class RunSummary:
     table_parameters: int | None = None  # their floats (num_parameters includes them)
     rows_pushed: int | None = None  # rows the shards updated (each push's unique rows, per shard)
     rows_fetched: int | None = None  # rows the replicas fetched
+    # (these two for every downpour and sync run)
     bytes_pushed_per_shard: list[int] | None = None  # gradient bytes read by each shard (dense + rows with ids)
     bytes_fetched_per_shard: list[int] | None = None  # parameter bytes served by each shard (rows with ids)
 

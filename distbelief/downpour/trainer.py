@@ -667,19 +667,19 @@ class ParameterServerTrainer:
             partition_bytes_per_step=final.get("partition_bytes_per_step"),
             partition_messages_per_step=final.get("partition_messages_per_step"),
             **self._table_summary(stats),
+            **self._table_traffic(stats),
             **self._compression_summary(stats, latest),
         )
 
     def _table_traffic(self, stats: list[dict]) -> dict:
-        """The rows and bytes the shards moved so far (none for a dense model with uncompressed pushes): every
-        evaluation's record and the summary."""
+        """The bytes each shard read (pushes) and served (fetches) so far, and the table rows moved (a model with
+        embedding tables): every evaluation's record and the summary."""
         traffic = {}
         if self.server.tabled:
             traffic.update(rows_pushed=sum(s["rows_pushed"] for s in stats),
                            rows_fetched=sum(s["rows_fetched"] for s in stats))
-        if self.server.tabled or self.cfg.compress != "none" or self.cfg.compress_fetch != "none":
-            traffic.update(bytes_pushed_per_shard=[s["bytes_pushed"] for s in stats],
-                           bytes_fetched_per_shard=[s["bytes_fetched"] for s in stats])
+        traffic.update(bytes_pushed_per_shard=[s["bytes_pushed"] for s in stats],
+                       bytes_fetched_per_shard=[s["bytes_fetched"] for s in stats])
         return traffic
 
     def _compression_summary(self, stats: list[dict], latest: list[dict]) -> dict:
@@ -689,8 +689,7 @@ class ParameterServerTrainer:
         from distbelief.compression.registry import describe
 
         cfg = self.cfg
-        return dict(**self._table_traffic(stats),
-                    compress=describe(cfg.compress, cfg.compress_ratio, cfg.compress_bits, cfg.compress_rank),
+        return dict(compress=describe(cfg.compress, cfg.compress_ratio, cfg.compress_bits, cfg.compress_rank),
                     compress_fetch=cfg.compress_fetch,
                     compressed_push_bytes=sum(s.get("compressed_bytes") or 0 for s in latest if s),
                     residuals_dropped=self.supervisor.replica_restarts + self.supervisor.replicas_lost
@@ -701,5 +700,4 @@ class ParameterServerTrainer:
         if not self.server.tabled:
             return {}
         tables = self.layout.tables
-        return dict(table_rows=sum(t.num_rows for t in tables), table_parameters=sum(t.numel for t in tables),
-                    **self._table_traffic(stats))
+        return dict(table_rows=sum(t.num_rows for t in tables), table_parameters=sum(t.numel for t in tables))

@@ -16,7 +16,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from distbelief.cli import as_flags, build_parser, config_from_args, main
-from distbelief.config import RANGES, RunConfig, config_from, saved_run_values
+from distbelief.config import RANGES, RunConfig, config_from, ignored_by_strategy, saved_run_values
 from distbelief.exceptions import ConfigError
 
 
@@ -92,6 +92,9 @@ GOOD = {
     "portion_size": (1, {}),
     "history": (1, {}),
     "push_every_portions": (1, {}),
+    "compress_ratio": (1.0, {"compress": "topk"}),
+    "compress_bits": (8, {"compress": "qsgd"}),
+    "compress_rank": (1, {"compress": "powersgd"}),
 }
 # Beside a 0 that is allowed: another stop condition where 0 lifts one.
 ZERO_CONTEXT = {"max_seconds": {"max_steps": 10}}
@@ -228,3 +231,18 @@ def test_bench_refuses_an_option_the_command_does_not_read(figure, args, tmp_pat
     err = capsys.readouterr().err
     assert rc == 2 and f"distbelief: error: {args[0]}: is not an option of bench {figure}" in err, err
     assert not (tmp_path / "b").exists()
+
+
+def test_compression_settings_are_refused_where_they_cannot_apply():
+    with pytest.raises(ConfigError, match="^compress_bits: must be 2, 4 or 8"):
+        RunConfig(compress="qsgd", compress_bits=3).validate()
+    with pytest.raises(ConfigError, match="^compress: unknown value 'gzip'"):
+        RunConfig(compress="gzip").validate()
+    with pytest.raises(ConfigError, match="^compress_fetch: unknown value"):
+        RunConfig(compress_fetch="int8").validate()
+    with pytest.raises(ConfigError, match="^compress: partitioned replicas"):
+        RunConfig(compress="topk", partitions=2, model="lc1d").validate()
+    with pytest.raises(ConfigError, match="^compress_fetch: delta fetches"):
+        RunConfig(compress_fetch="delta", local_lr=0.01).validate()
+    assert ignored_by_strategy(["compress", "compress_fetch"], "hogwild") == ["compress", "compress_fetch"]
+    assert ignored_by_strategy(["compress"], "sync") == []
