@@ -1,4 +1,4 @@
-"""Command line: ``distbelief train | plot``."""
+"""Command line: ``distbelief train | bench | plot | cluster``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-from distbelief.config import (APPLIES_TO, DURABILITY_MODES, FIELD_HELP, LOCAL_STRATEGIES, OPTIMIZERS, SECTIONS,
+from distbelief.config import (APPLIES_TO, COMPRESSION, DURABILITY_MODES, FETCH_COMPRESSION, FIELD_HELP, LOCAL_STRATEGIES, OPTIMIZERS, SECTIONS,
                                RunConfig, config_from, ignored_by_strategy, load_toml, saved_run_values, section_of)
 from distbelief import stopping
 from distbelief.exceptions import ClusterUnreachableError, ConfigError, DistBeliefError
@@ -21,6 +21,8 @@ CHOICES = {
     "runtime": ("ray", "inprocess"),
     "durability": DURABILITY_MODES,
     "evaluation": ("auto", "paused", "concurrent"),
+    "compress": COMPRESSION,
+    "compress_fetch": FETCH_COMPRESSION,
 }
 
 
@@ -116,7 +118,42 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plot", help="overlay the accuracy-vs-time curves of run directories")
     p.add_argument("runs", nargs="+", help="run directories (each with metrics.jsonl)")
     p.add_argument("--out", required=True, help="PNG file to write")
+    _add_cluster(sub)
     return parser
+
+
+def _add_cluster(sub) -> None:
+    """``cluster up | down | status``: a shaped Ray cluster on this machine (runtime/netcluster.py)."""
+    from distbelief.runtime.netcluster import DEFAULT_NAME, DEFAULT_SUBNET
+
+    p = sub.add_parser("cluster", help="a shaped multi-node Ray cluster on this machine (Linux, root): nodes in "
+                       "network namespaces on a bridge, every link limited with tc",
+                       description="Bring up N Ray nodes, each in its own network namespace, joined by a bridge "
+                       "whose links are shaped with tc (rate and one-way delay), so that a `distbelief train "
+                       "--address` run moves its bytes over real, limited links. docs/cluster.md, \"A shaped "
+                       "cluster on one machine\".")
+    ops = p.add_subparsers(dest="cluster_command", required=True)
+    u = ops.add_parser("up", help="bring a cluster up; prints its address (for train --address) on stdout")
+    u.add_argument("--nodes", type=int, required=True, help="Ray nodes (node 0 is the head)")
+    u.add_argument("--bandwidth", default="1gbit", help="rate of every link, each way (tc units: 1gbit, 100mbit, "
+                                                        "500kbit) [default: 1gbit]")
+    u.add_argument("--delay", default="0", help="one-way delay added between two nodes (1ms, 500us, 0; needs the "
+                                                 "kernel's netem qdisc) [default: 0]")
+    u.add_argument("--cpus-per-node", type=int, default=1, help="logical CPUs each node offers Ray [default: 1]")
+    u.add_argument("--shard-nodes", type=int, default=0,
+                   help="the last K nodes are dedicated parameter-shard nodes (the distbelief_shard resource, no "
+                        "CPUs): shards and replicas on different nodes [default: 0]")
+    u.add_argument("--object-store-mb", type=int, default=512, help="each node's Ray object store [default: 512]")
+    u.add_argument("--subnet", default=DEFAULT_SUBNET, help=f"private /24 of the nodes [default: {DEFAULT_SUBNET}]")
+    u.add_argument("--timeout-s", type=float, default=180.0, help="for all nodes to join [default: 180]")
+    d = ops.add_parser("down", help="stop the cluster's Ray processes, remove its namespaces and links (also "
+                       "what a crash left)")
+    for op in (u, d):
+        op.add_argument("--name", default=DEFAULT_NAME,
+                        help=f"cluster name, prefix of its namespaces and links [default: {DEFAULT_NAME}]")
+    st = ops.add_parser("status", help="clusters up (or left by a crash), their nodes and link counters")
+    st.add_argument("--name", default=None, help="only this cluster [default: all]")
+    st.add_argument("--json", action="store_true", help="print the status as JSON")
 
 
 # every name an error may start with that the user typed as a flag: the settings, and the options of train and bench
@@ -247,6 +284,70 @@ def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
+def _cluster(args: argparse.Namespace) -> int:
+    """``cluster up | down | status``. Bad values are refused naming their flag before anything is made; ``up``
+    removes what it made when it fails or is interrupted (Ctrl-C, SIGTERM)."""
+    import json
+
+    from distbelief.runtime import netcluster
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    try:
+        if args.cluster_command == "up":
+            settings = (args.name, args.nodes, args.bandwidth, args.delay, args.cpus_per_node, args.shard_nodes,
+                        args.subnet, args.object_store_mb)
+            planned = netcluster.plan(*settings)  # every flag checked before anything is made
+            if not args.timeout_s > 0:
+                raise ConfigError("timeout_s", f"must be > 0, got {args.timeout_s}")
+            netcluster.require_root_linux()
+            netcluster.check_qdiscs(planned)  # e.g. --delay on a kernel without netem
+            saved = signal.signal(signal.SIGTERM, _raise_interrupt)  # SIGTERM cleans up as Ctrl-C does
+            try:
+                c = netcluster.up(*settings, timeout_s=args.timeout_s, log=log)
+            finally:
+                signal.signal(signal.SIGTERM, saved)
+            log(f"cluster {c.name} up: {len(c.nodes)} nodes; run a job on its head node:\n"
+                f"  {c.driver_prefix()} distbelief train --address {c.address} ...\n"
+                f"stop it with: distbelief cluster down --name {c.name}")
+            print(c.address)
+            return 0
+        if args.cluster_command == "down":
+            removed = netcluster.down(args.name, log=log)
+            if not removed:
+                log(f"cluster {args.name}: nothing to remove")
+            return 0
+        netcluster.require_root_linux()
+        clusters = netcluster.status(args.name)
+        if args.json:
+            print(json.dumps(clusters, indent=1))
+            return 0
+        for c in clusters:
+            _print_cluster(c)
+        if not clusters:
+            print("no shaped cluster on this machine")
+        return 0
+    except ConfigError as e:  # the setting's name as the flag that gave it
+        raise ConfigError("--" + e.field.replace("_", "-"), str(e).split(": ", 1)[1]) from None
+
+
+def _print_cluster(c: dict) -> None:
+    if "address" not in c:
+        print(f"{c['name']}: not up; left behind: {', '.join(c['leftovers'])} (distbelief cluster down --name "
+              f"{c['name']})")
+        return
+    print(f"{c['name']}: {'up' if c['up'] else 'NOT whole (distbelief cluster down --name ' + c['name'] + ')'} at "
+          f"{c['address']}, {c['bandwidth']} per link, {c['delay']}; driver: {c['driver_prefix']} "
+          f"distbelief train --address {c['address']}")
+    for n in c["nodes"]:
+        moved = (f", to node {n['to_node_bytes'] / 1e6:.1f} MB, from node {n['from_node_bytes'] / 1e6:.1f} MB"
+                 if "to_node_bytes" in n else "")
+        extra = f" {n['resources']}" if n["resources"] else ""
+        print(f"  node {n['index']} {n['ip']} ({n['netns']}): {n['cpus']} CPUs{extra}, ray start pid {n['pid']} "
+              f"{'alive' if n['alive'] else 'DEAD'}{moved}")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -271,6 +372,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "bench":
             return _bench(args)
+        if args.command == "cluster":
+            return _cluster(args)
         if args.command == "plot":
             from distbelief.metrics import plot_runs
 
