@@ -21,6 +21,9 @@ class Codec(ABC):
     each replica has its own."""
 
     name: str = "codec"
+    # Whether ``a - sent`` is exact in float32 for every float32 ``a`` (then the replica's residual is kept in
+    # float32; else in float64, where it is exact: compression/feedback.py).
+    exact_in_float32: bool = False
 
     def __init__(self, ranges: list[Range]):
         self.ranges = list(ranges)
@@ -41,6 +44,11 @@ class Codec(ABC):
     def sent(self, parts: list[Any]) -> torch.Tensor:
         """The flat vector the shards will apply: every part decoded by the shards' own code."""
         return torch.cat([self.decode(p, lo, hi) for p, (lo, hi) in zip(parts, self.ranges)])
+
+    def residual(self, a: torch.Tensor, parts: list[Any], dtype: torch.dtype) -> torch.Tensor:
+        """``a - sent(parts)`` in ``dtype`` (a new tensor; ``a`` may be taken over). A scheme may compute it
+        without building ``sent``, but must give the same bits."""
+        return a.to(dtype) - self.sent(parts).to(dtype)
 
     def describe(self) -> str:
         return self.name

@@ -4,8 +4,9 @@ et al., 2019), so a compressed run loses nothing, it only delays.
 Per push: ``a = g + residual`` (formed in float32, as torch's own error feedback does), the codec's parts of ``a``
 go to the shards, ``sent`` is those parts decoded by the shards' own code, and the new residual is ``a - sent``.
 The residual is kept in float64, where that difference of two float32 vectors is exact (it is whenever the two
-values are within 2**28 of each other or one is 0; qsgd.py sends no value that could break it), so
-``sent + residual == a`` holds bit for bit: the tests check it for every scheme.
+values are within 2**28 of each other or one is 0; qsgd.py sends no value that could break it), or in float32 for
+a scheme whose difference is exact there (top-k: a value is sent whole or not at all), so ``sent + residual ==
+a`` holds bit for bit: the tests check it for every scheme.
 
 The residual lives with the replica. A replica that is restarted starts with none: what its predecessor's
 residual held is dropped, and counted (``residuals_dropped`` in the summary).
@@ -13,6 +14,7 @@ residual held is dropped, and counted (``residuals_dropped`` in the summary).
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -23,16 +25,27 @@ from distbelief.compression.base import Codec, wire_bytes
 class ErrorFeedback:
     def __init__(self, codec: Codec, size: int):
         self.codec = codec
-        self.residual = torch.zeros(size, dtype=torch.float64)
+        self.dtype = torch.float32 if codec.exact_in_float32 else torch.float64
+        self.residual = torch.zeros(size, dtype=self.dtype)
         self.bytes_sent = 0  # payload bytes of every part so far
-        self.last_sent: torch.Tensor | None = None
+        self.seconds = 0.0  # spent compressing
+        self.last_parts: list[Any] | None = None
 
     def compress(self, g: torch.Tensor) -> list[Any]:
         """The parts to push for gradient ``g`` (flat float32), one per shard; the residual moves on."""
-        a = (g.to(torch.float64) + self.residual).to(torch.float32)
+        t0 = time.perf_counter()
+        if self.dtype == torch.float32:
+            a = g + self.residual
+        else:
+            a = (g.to(torch.float64) + self.residual).to(torch.float32)
         parts = self.codec.encode(a)
-        sent = self.codec.sent(parts)
-        torch.sub(a.to(torch.float64), sent.to(torch.float64), out=self.residual)
+        self.residual = self.codec.residual(a, parts, self.dtype)
         self.bytes_sent += sum(wire_bytes(p) for p in parts)
-        self.last_sent = sent
+        self.last_parts = parts
+        self.seconds += time.perf_counter() - t0
         return parts
+
+    @property
+    def last_sent(self) -> torch.Tensor | None:
+        """What the last push's parts decode to, as the shards apply it."""
+        return None if self.last_parts is None else self.codec.sent(self.last_parts)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from distbelief.compression.base import Codec
@@ -18,6 +19,7 @@ def kept(ratio: float, n: int) -> int:
 
 class TopK(Codec):
     name = "topk"
+    exact_in_float32 = True  # a value is sent whole or not at all: a - sent is a or 0
 
     def __init__(self, ranges, ratio: float):
         super().__init__(ranges)
@@ -29,10 +31,18 @@ class TopK(Codec):
         parts = []
         for lo, hi in self.ranges:
             x = a[lo:hi]
-            idx = torch.topk(x.abs(), kept(self.ratio, hi - lo), sorted=False).indices
-            idx, _ = torch.sort(idx)  # in order: the shard writes them in one pass
-            parts.append((idx.to(torch.int32), x[idx].clone()))
+            k = kept(self.ratio, hi - lo)
+            # numpy's introselect: about twice torch.topk's speed for k in the thousands of a million
+            idx = np.sort(np.argpartition(np.abs(x.numpy()), x.numel() - k)[x.numel() - k:]).astype(np.int32)
+            t = torch.from_numpy(idx)
+            parts.append((t, x[t.long()]))
         return parts
+
+    def residual(self, a: torch.Tensor, parts, dtype: torch.dtype) -> torch.Tensor:
+        r = a.to(dtype)  # (a itself when dtype is float32: the feedback's own buffer)
+        for (idx, _), (lo, _hi) in zip(parts, self.ranges):
+            r[lo + idx.long()] = 0  # sent whole: nothing left
+        return r
 
     @staticmethod
     def decode(part, lo: int, hi: int) -> torch.Tensor:

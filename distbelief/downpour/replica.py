@@ -330,6 +330,7 @@ class ModelReplica:
             "clock_wait_s": self.clock_wait_s,
             "first_push_time": self.first_push_time,
             "compressed_bytes": self.feedback.bytes_sent if self.feedback is not None else None,
+            "compress_s": self.feedback.seconds if self.feedback is not None else None,
             **self.source.stats(),
         }
 

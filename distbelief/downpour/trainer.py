@@ -325,6 +325,8 @@ class ParameterServerTrainer:
         if live:  # where the replicas' time goes: computing gradients vs waiting for fetches and pushes
             rec["replica_compute_s"] = round(sum(s["compute_s"] for s in live), 3)
             rec["replica_wait_s"] = round(sum(s["wait_s"] for s in live), 3)
+            if self.cfg.compress != "none":  # ... and compressing pushes
+                rec["replica_compress_s"] = round(sum(s.get("compress_s") or 0.0 for s in live), 3)
         if self.cfg.partitions > 1:
             from distbelief.partition.stats import messaging_metrics
 
