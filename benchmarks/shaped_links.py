@@ -102,11 +102,38 @@ def run_on_cluster(c: netcluster.Cluster, name: str, settings: dict, run_dir: Pa
     return rec
 
 
+def report(out: Path) -> str:
+    """A Markdown table of a results.json this script wrote. Beside each run's rate, time to target and busiest
+    link: what crossed the shard nodes' links against the shards' own counters (summary), and the placement check
+    (each replica node sends, per step of its replica, what one push weighs: its ranges go only to the shards
+    that own them, each once; node 0 also hosts the driver, which sends nothing big)."""
+    res = json.loads((out / "results.json").read_text())
+    where = out.relative_to(ROOT) if out.is_relative_to(ROOT) else out
+    lines = [f"_From `{where}` ({res['date']}; {res['cpus']} cores; 4 nodes: replicas on nodes 0-1, shards on "
+             f"nodes 2-3, the driver on node 0; delay {res['delay']}): one run each._", "",
+             "| link | model | push / fetch | examples/s | s to 13% | busiest link | into / out of shard nodes ÷ "
+             "shards' counters | node 0 / node 1 out per step ÷ one push |", "|---|---|---|---|---|---|---|---|"]
+    for r in res["runs"]:
+        kind = "fig4" if r["model"] == "speech-tiny" else "paper"
+        s = json.loads((out / f"{r['bandwidth']}-{kind}-{r['config']}" / "summary.json").read_text())
+        steps = s["steps_per_replica"]
+        push = sum(s["bytes_pushed_per_shard"]) / max(1, sum(steps))  # one push, all shards, as they read it
+        links = {int(k): v for k, v in r["links"].items()}
+        out_ratio = " / ".join(f"{links[i]['from_node'] / max(1, steps[i]) / push:.3f}" for i in (0, 1))
+        ttt = r["time_to_target_s"]
+        lines.append(f"| {r['bandwidth']} | {r['model']} | {r.get('compress') or 'none'} / "
+                     f"{r.get('compress_fetch') or 'none'} | {r['examples_per_s']:,.0f} | "
+                     f"{'not reached' if ttt is None else f'{ttt:.0f}'} | {r['busiest_link_utilization']:.0%} | "
+                     f"{r.get('pushed_agreement', float('nan')):.3f} / {r.get('fetched_agreement', float('nan')):.3f}"
+                     f" | {out_ratio} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
     p.add_argument("--bandwidths", nargs="+", default=["1gbit", "10gbit"])
-    p.add_argument("--delay", default="1ms")
+    p.add_argument("--delay", default="0", help="one-way delay per link (needs netem in the kernel) [default: 0]")
     p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     p.add_argument("--configs-fast", nargs="+", default=["none", "topk-delta"], choices=list(CONFIGS),
                    help="the configurations run at the bandwidths after the first")
@@ -114,7 +141,11 @@ def main(argv=None) -> int:
     p.add_argument("--paper", action="store_true", help="also the 42M paper model at the first bandwidth")
     p.add_argument("--paper-seconds", type=float, default=90.0)
     p.add_argument("--quick", action="store_true", help="the quick recipe (mechanics only)")
+    p.add_argument("--report", action="store_true", help="only print the table of --out's results.json")
     args = p.parse_args(argv)
+    if args.report:
+        print(report(Path(args.out).resolve()))
+        return 0
     netcluster.require_root_linux()
     recipe = recipe_for(args.quick, args.max_seconds)
     out = Path(args.out).resolve()
