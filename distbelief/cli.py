@@ -1,4 +1,4 @@
-"""Command line: ``distbelief train | bench | plot | cluster``."""
+"""Command line: ``distbelief train | bench | plot | cluster | simulate | plan``."""
 
 from __future__ import annotations
 
@@ -52,6 +52,11 @@ def _add_train(sub) -> None:
     p.add_argument("--resume", metavar="RUN_DIR",
                    help="continue a stopped or killed run from its checkpoints (its config.toml is the base; "
                         "options override it, e.g. --max-seconds or --shards to reshard)")
+    add_run_flags(p)
+
+
+def add_run_flags(p) -> None:
+    """One option per RunConfig setting, in one help group per TOML section (train's, also simulate's)."""
     defaults = RunConfig()
     # One help group per TOML section, in the sections' order (config.SECTIONS).
     groups = {sec: p.add_argument_group(title, f"TOML section [{sec}]")
@@ -119,6 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("runs", nargs="+", help="run directories (each with metrics.jsonl)")
     p.add_argument("--out", required=True, help="PNG file to write")
     _add_cluster(sub)
+    from distbelief.simulate.commands import add_plan, add_simulate
+
+    add_simulate(sub, add_run_flags)
+    add_plan(sub)
     return parser
 
 
@@ -374,6 +383,10 @@ def main(argv: list[str] | None = None) -> int:
             return _bench(args)
         if args.command == "cluster":
             return _cluster(args)
+        if args.command in ("simulate", "plan"):
+            from distbelief.simulate import commands
+
+            return commands.main(args)
         if args.command == "plot":
             from distbelief.metrics import plot_runs
 

@@ -1,0 +1,125 @@
+"""What things cost on one machine: the numbers the simulator reads.
+
+``distbelief simulate --calibrate`` measures them with the project's own code paths (simulate/calibrate.py) and
+writes them as JSON; the simulator reads that file (``--costs FILE``), or the calibration shipped with the package
+(``calibration.json``, measured on the benchmark machine: see benchmarks/RESULTS.md). Every field is a plain
+number in seconds or bytes per second, so a user can also write one by hand for a machine they cannot calibrate
+on (``plan`` for a cluster they do not have yet).
+
+How the simulator uses them:
+
+- a replica's step on one core: ``step_s + batch * (example_s + 3 * macs / macs_per_s[kind])`` summed over the
+  model's layer kinds (forward is one multiply-add per weight use, backward two); with ``t`` threads the
+  multiply-adds go ``1 + (t - 1) * thread_efficiency`` times faster; each step's time varies by ``compute_cv``
+  (a seeded lognormal draw), as real steps do;
+- a shard's update of ``n`` values: ``n * update_s_per_value[rule]``, plus ``call_s`` per call (Ray's actor
+  call: scheduling, arguments, reply);
+- bytes between two processes on one node: ``copy_bytes_per_s`` (the shared-memory plane copies once);
+- bytes between nodes through Ray's object store: ``objstore_call_s`` per object plus the bytes at the slower of
+  ``objstore_bytes_per_s`` (the object manager's own rate, measured with no link limit) and the link's rate times
+  ``link_efficiency``; the object manager's work is CPU on both nodes (``objstore_cpu_s_per_byte``);
+- compression: ``encode_s_per_value[scheme]`` on the replica, ``decode_s_per_value[scheme]`` on the shard, and
+  ``delta_s_per_value`` for a shard to find the values changed since a replica's last fetch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from distbelief.exceptions import ConfigError
+
+SHIPPED = Path(__file__).with_name("calibration.json")
+
+
+@dataclass
+class Costs:
+    machine: str = ""
+    date: str = ""
+    cpus: int = 1
+    # replica compute (one core)
+    macs_per_s: dict[str, float] = field(default_factory=lambda: {"dense": 2.0e9, "local": 5.0e8, "other": 1.0e9})
+    step_s: float = 1.0e-3
+    example_s: float = 1.0e-6
+    thread_efficiency: float = 0.8  # each thread beyond a replica's first adds this share of one thread's rate
+    compute_cv: float = 0.03  # step-to-step variation of a replica's compute time (standard deviation / mean)
+    # parameter shards
+    update_s_per_value: dict[str, float] = field(default_factory=lambda: {"sgd": 1.0e-9, "adagrad": 4.0e-9})
+    call_s: float = 1.0e-3
+    # data planes
+    copy_bytes_per_s: float = 5.0e9
+    objstore_call_s: float = 2.0e-3
+    objstore_bytes_per_s: float = 1.0e9
+    objstore_cpu_s_per_byte: float = 5.0e-10
+    link_efficiency: float = 0.9
+    # compression
+    encode_s_per_value: dict[str, float] = field(default_factory=lambda: {
+        "fp16": 1e-9, "topk": 1e-8, "qsgd": 7e-8, "powersgd": 5e-9})
+    decode_s_per_value: dict[str, float] = field(default_factory=lambda: {
+        "fp16": 1e-9, "topk": 1e-9, "qsgd": 2e-8, "powersgd": 5e-9})
+    delta_s_per_value: float = 1.0e-9
+    # what was measured, for the record (calibrate.py fills it; the simulator does not read it)
+    measurements: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_json(), indent=1) + "\n")
+
+    @classmethod
+    def from_json(cls, values: dict[str, Any], source: str = "costs") -> "Costs":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - names)
+        if unknown:
+            raise ConfigError("costs", f"{source}: unknown field(s) {', '.join(unknown)}; a costs file has "
+                                       f"{', '.join(sorted(names))}")
+        costs = cls(**values)
+        costs.check(source)
+        return costs
+
+    def check(self, source: str = "costs") -> None:
+        """ConfigError naming the field whose value cannot be a cost (negative, zero where it divides, a missing
+        layer kind or rule)."""
+        positive = ("copy_bytes_per_s", "objstore_bytes_per_s")
+        for name in positive:
+            if not getattr(self, name) > 0:
+                raise ConfigError("costs", f"{source}: {name} must be > 0, got {getattr(self, name)!r}")
+        for name in ("step_s", "example_s", "call_s", "objstore_call_s", "objstore_cpu_s_per_byte",
+                     "delta_s_per_value"):
+            if not getattr(self, name) >= 0:
+                raise ConfigError("costs", f"{source}: {name} must be >= 0, got {getattr(self, name)!r}")
+        if not 0 <= self.thread_efficiency <= 1:
+            raise ConfigError("costs", f"{source}: thread_efficiency must be in [0, 1], got {self.thread_efficiency!r}")
+        if not 0 <= self.compute_cv < 1:
+            raise ConfigError("costs", f"{source}: compute_cv must be in [0, 1), got {self.compute_cv!r}")
+        if not 0 < self.link_efficiency <= 1:
+            raise ConfigError("costs", f"{source}: link_efficiency must be in (0, 1], got {self.link_efficiency!r}")
+        for kind in ("dense", "local", "other"):
+            if not self.macs_per_s.get(kind, 0) > 0:
+                raise ConfigError("costs", f"{source}: macs_per_s[{kind!r}] must be > 0")
+        for rule in ("sgd", "adagrad"):
+            if not self.update_s_per_value.get(rule, -1) >= 0:
+                raise ConfigError("costs", f"{source}: update_s_per_value[{rule!r}] must be >= 0")
+
+    def update_s(self, rule: str) -> float:
+        """Seconds per value of server rule ``rule`` (rules without a measurement cost what Adagrad costs)."""
+        return self.update_s_per_value.get(rule, self.update_s_per_value["adagrad"])
+
+
+def load_costs(path: str | Path | None = None) -> Costs:
+    """The costs in ``path``, or the shipped calibration when ``path`` is None."""
+    p = Path(path) if path else SHIPPED
+    if not p.is_file():
+        if path:
+            raise ConfigError("costs", f"no such file: {path} (write one with: distbelief simulate --calibrate "
+                                       f"--costs {path})")
+        return Costs(machine="uncalibrated defaults")
+    try:
+        values = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError("costs", f"{p} is not JSON: {e}") from None
+    return Costs.from_json(values, str(p))

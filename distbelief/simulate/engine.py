@@ -1,0 +1,102 @@
+"""The simulated machines: cores, links and shard actors as SimPy resources, and what each kind of work costs.
+
+A ``World`` holds, for a ``Machines`` description and a ``Costs`` calibration:
+
+- a pool of cores per node (or one pool for all nodes, when they share a machine's cores): CPU work holds one
+  core for its duration, first come first served;
+- each node's link, one resource per direction (full duplex): a transfer holds the sender's uplink and the
+  receiver's downlink for its bytes at the link rate times ``link_efficiency``;
+- each shard's actor: one call at a time (Ray runs a shard's calls in order, ``max_concurrency = 1``).
+
+Everything busy is accounted (seconds per core pool, per shard; bytes per link direction) for the utilisation
+report and the bottleneck's name. All methods that take time are SimPy generators: ``yield from world.cpu(...)``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+import simpy
+
+from distbelief.simulate.costs import Costs
+from distbelief.simulate.machines import Machines
+from distbelief.simulate.workload import INLINE_BYTES
+
+
+class World:
+    def __init__(self, env: simpy.Environment, machines: Machines, costs: Costs):
+        self.env, self.machines, self.costs = env, machines, costs
+        n = machines.nodes
+        if machines.shared_cores:
+            pool = simpy.Resource(env, capacity=machines.shared_cores)
+            self.pools = [pool] * n
+            self.pool_of = [0] * n
+            self.pool_cores = [machines.shared_cores]
+        else:
+            self.pools = [simpy.Resource(env, capacity=machines.cores_per_node) for _ in range(n)]
+            self.pool_of = list(range(n))
+            self.pool_cores = [machines.cores_per_node] * n
+        self.up = [simpy.Resource(env, capacity=1) for _ in range(n)]
+        self.down = [simpy.Resource(env, capacity=1) for _ in range(n)]
+        self.cpu_busy = defaultdict(float)  # pool -> core-seconds
+        self.link_bytes = defaultdict(float)  # (node, "up" | "down") -> bytes
+        self.link_busy = defaultdict(float)  # (node, "up" | "down") -> seconds
+        self.rate = machines.bytes_per_s * costs.link_efficiency  # bytes/s a transfer gets on a link
+
+    # ------------------------------------------------------------------ CPU
+    def cpu(self, node: int, seconds: float):
+        """Hold one core of ``node`` for ``seconds``."""
+        if seconds <= 0:
+            return
+        with self.pools[node].request() as req:
+            yield req
+            yield self.env.timeout(seconds)
+        self.cpu_busy[self.pool_of[node]] += seconds
+
+    # ------------------------------------------------------------------ bytes
+    def copy(self, node: int, nbytes: float):
+        """A copy within ``node`` (the shared-memory plane, loading fetched values)."""
+        yield from self.cpu(node, nbytes / self.costs.copy_bytes_per_s)
+
+    def send(self, src: int, dst: int, nbytes: float, *, object_store: bool = True):
+        """``nbytes`` from a process on ``src`` to one on ``dst``: within a node through the object store (a copy
+        and a per-object cost) or not at all (``object_store=False``: shared buffers, read in place); between
+        nodes inline with the call when small, else through Ray's object store over both nodes' links."""
+        c = self.costs
+        if nbytes <= 0:
+            return
+        if src == dst:
+            if object_store and nbytes > INLINE_BYTES:
+                yield self.env.timeout(c.objstore_call_s)
+                yield from self.copy(src, nbytes)
+            return
+        inline = nbytes <= INLINE_BYTES
+        with self.up[src].request() as u:
+            yield u
+            with self.down[dst].request() as d:
+                yield d
+                wire = nbytes / self.rate if not math.isinf(self.rate) else 0.0
+                hold = wire if inline else max(wire, nbytes / c.objstore_bytes_per_s)
+                if not inline and c.objstore_cpu_s_per_byte:
+                    mover = self.env.process(self.cpu(src, nbytes * c.objstore_cpu_s_per_byte))
+                    yield self.env.timeout(hold)
+                    yield mover
+                else:
+                    yield self.env.timeout(hold)
+        for key in ((src, "up"), (dst, "down")):
+            self.link_bytes[key] += nbytes
+            self.link_busy[key] += wire
+        lat = self.machines.latency_s + (0.0 if inline else c.objstore_call_s)
+        if lat:
+            yield self.env.timeout(lat)
+
+    # ------------------------------------------------------------------ report
+    def utilisation(self, seconds: float) -> dict:
+        """Busy shares over ``seconds``: per core pool (of its cores), per link direction (of its rate)."""
+        cpu = [self.cpu_busy[p] / (seconds * cores) for p, cores in enumerate(self.pool_cores)]
+        links = {}
+        if not math.isinf(self.machines.bytes_per_s):
+            for (node, way), b in sorted(self.link_bytes.items()):
+                links[f"node {node} {way}"] = b / (seconds * self.machines.bytes_per_s)
+        return {"cpu": cpu, "links": links}

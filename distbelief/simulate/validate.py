@@ -1,0 +1,188 @@
+"""``distbelief simulate --validate``: predictions against real runs.
+
+A measurement is a record: the run's settings (RunConfig values), the machines it ran on, and what its summary
+measured (examples/s, mean staleness). Records come from
+
+- ``--run``: the one-node configurations of ``ONE_NODE`` run now, one after the other, on this machine (their
+  run directories and ``measured.json`` go in ``--out``);
+- ``--measured DIR``: a directory holding such a ``measured.json``, or a ``results.json`` of
+  ``benchmarks/shaped_links.py`` (runs on the 4-node shaped cluster of ``distbelief cluster up``: two replica
+  nodes, two shard nodes, every link shaped, all nodes on this machine's cores).
+
+Each record is simulated with the same settings on the same machines; the report gives both numbers per run,
+the mean and max relative error of examples/s, the error of the mean staleness (in updates), and Kendall's tau
+between the predicted and measured rankings by examples/s.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from distbelief.config import config_from
+from distbelief.exceptions import ConfigError
+from distbelief.simulate.costs import Costs, load_costs
+from distbelief.simulate.machines import Machines, parse_bandwidth
+from distbelief.simulate.predict import simulate
+from distbelief.simulate.workload import Workload
+
+# The Fig. 4 model (speech-tiny with the paper's 8192 Zipf classes: 2.3M parameters), as the shaped benchmark runs
+# it; each one-node configuration trains it for ``ONE_NODE_SECONDS`` from scratch.
+FIG4_TASK = {"task": "speech", "model": "speech-tiny", "num_classes": 8192, "class_prior": 1.0,
+             "num_samples": 300000, "batch_size": 128, "eval_every_seconds": 30.0, "eval_samples": 3000,
+             "train_eval_samples": 1000, "seed": 0}
+ONE_NODE_SECONDS = 25.0
+ONE_NODE = {
+    "1node-downpour-1x1": {"replicas": 1, "shards": 1},
+    "1node-downpour-2x2": {},
+    "1node-downpour-4x2": {"replicas": 4},
+    "1node-downpour-2x2-n4": {"fetch_every": 4, "push_every": 4},
+    "1node-downpour-2x2-topk-delta": {"compress": "topk", "compress_fetch": "delta"},
+    "1node-sync-2x2": {"strategy": "sync"},
+}
+
+
+# ---------------------------------------------------------------------- records
+def shaped_records(results: dict[str, Any], directory: Path) -> list[dict]:
+    """The runs of a shaped-links benchmark (``results.json``) as measurement records."""
+    out = []
+    for run in results.get("runs", []):
+        name = f"shaped-{run['bandwidth']}-{run['model']}-{run['config']}"
+        summary = directory / f"{run['bandwidth']}-{'fig4' if run['model'] == 'speech-tiny' else 'paper'}-" \
+                              f"{run['config']}" / "summary.json"
+        staleness = json.loads(summary.read_text()).get("staleness_mean") if summary.is_file() else None
+        settings = {k: v for k, v in run["settings"].items() if k != "init_params"}
+        out.append({"name": name, "settings": settings,
+                    "machines": {"nodes": 4, "cores_per_node": 1, "shared_cores": int(results.get("cpus", 2)),
+                                 "shard_nodes": 2, "bandwidth": parse_bandwidth(run["bandwidth"])},
+                    "examples_per_s": run["examples_per_s"], "staleness_mean": staleness,
+                    "source": str(directory / "results.json")})
+    return out
+
+
+def read_records(directory: str | Path) -> list[dict]:
+    d = Path(directory)
+    if (d / "measured.json").is_file():
+        return json.loads((d / "measured.json").read_text())["records"]
+    if (d / "results.json").is_file():
+        results = json.loads((d / "results.json").read_text())
+        if "runs" in results and results["runs"] and "bandwidth" in results["runs"][0]:
+            return shaped_records(results, d)
+    raise ConfigError("measured", f"{directory} holds neither a measured.json (simulate --validate --run) nor a "
+                                  f"shaped-links results.json")
+
+
+def run_one_node(out: Path, log: Callable[[str], None], seconds: float = ONE_NODE_SECONDS) -> list[dict]:
+    """Train every ``ONE_NODE`` configuration for ``seconds`` on this machine; their records."""
+    from distbelief.api import train_task
+
+    records = []
+    cores = os.cpu_count() or 1
+    for name, extra in ONE_NODE.items():
+        values = {**FIG4_TASK, **extra, "max_seconds": seconds, "out": str(out / name)}
+        cfg = config_from(values).validate()
+        log(f"validate: running {name} for {seconds:g} s")
+        t = time.monotonic()
+        s = train_task(cfg).summary
+        log(f"validate: {name}: {s['examples_per_s']:,.0f} examples/s, staleness {s.get('staleness_mean')} "
+            f"({time.monotonic() - t:.0f} s with start-up)")
+        records.append({"name": name, "settings": {**FIG4_TASK, **extra},
+                        "machines": {"nodes": 1, "cores_per_node": cores},
+                        "examples_per_s": s["examples_per_s"], "staleness_mean": s.get("staleness_mean"),
+                        "source": str(out / name / "summary.json")})
+    return records
+
+
+# ---------------------------------------------------------------------- comparing
+def kendall_tau(a: list[float], b: list[float]) -> float:
+    """Kendall's tau-a between two score lists: (concordant - discordant pairs) / all pairs (1: same order)."""
+    n = len(a)
+    if n < 2:
+        raise ValueError("Kendall's tau needs at least 2 items")
+    s = 0
+    for i in range(n):
+        for j in range(i + 1, n):
+            s += (1 if (a[i] - a[j]) * (b[i] - b[j]) > 0 else -1 if (a[i] - a[j]) * (b[i] - b[j]) < 0 else 0)
+    return s / (n * (n - 1) / 2)
+
+
+def predict_record(rec: dict, costs: Costs, steps: int = 60) -> dict:
+    cfg = config_from(rec["settings"])
+    work = Workload.from_config(cfg)
+    m = Machines(**rec["machines"])
+    p = simulate(work, m, costs, steps=steps)
+    return {"examples_per_s": p.examples_per_s, "staleness_mean": p.staleness_mean, "bottleneck": p.bottleneck}
+
+
+def compare(records: list[dict], costs: Costs, steps: int = 60) -> dict:
+    """Every record predicted, and the errors."""
+    rows = []
+    for rec in records:
+        pred = predict_record(rec, costs, steps)
+        err = pred["examples_per_s"] / rec["examples_per_s"] - 1
+        ms, ps = rec.get("staleness_mean"), pred["staleness_mean"]
+        rows.append({"name": rec["name"], "measured_examples_per_s": rec["examples_per_s"],
+                     "predicted_examples_per_s": pred["examples_per_s"], "error": err,
+                     "measured_staleness": ms, "predicted_staleness": ps,
+                     "staleness_error": (ps - ms) if ms is not None and not math.isnan(ps) else None,
+                     "bottleneck": pred["bottleneck"], "source": rec.get("source", "")})
+    errs = [abs(r["error"]) for r in rows]
+    st = [abs(r["staleness_error"]) for r in rows if r["staleness_error"] is not None]
+    tau = (kendall_tau([r["measured_examples_per_s"] for r in rows], [r["predicted_examples_per_s"] for r in rows])
+           if len(rows) >= 2 else math.nan)
+    return {"rows": rows, "mean_error": sum(errs) / len(errs), "max_error": max(errs),
+            "staleness_mean_abs_error": sum(st) / len(st) if st else None,
+            "staleness_max_abs_error": max(st) if st else None, "kendall_tau": tau, "configurations": len(rows),
+            "costs": {"machine": costs.machine, "date": costs.date}}
+
+
+def format_comparison(c: dict) -> str:
+    lines = [f"{'configuration':44s} {'measured':>10} {'predicted':>10} {'error':>7}   {'staleness meas/pred':>20}"
+             f"  bottleneck (predicted)"]
+    for r in c["rows"]:
+        ms = "-" if r["measured_staleness"] is None else f"{r['measured_staleness']:.2f}"
+        ps = "-" if r["predicted_staleness"] is None or math.isnan(r["predicted_staleness"]) else \
+            f"{r['predicted_staleness']:.2f}"
+        lines.append(f"{r['name']:44s} {r['measured_examples_per_s']:>10,.0f} {r['predicted_examples_per_s']:>10,.0f} "
+                     f"{r['error']:>+7.1%}   {ms + ' / ' + ps:>20}  {r['bottleneck']}")
+    lines.append(f"examples/s: mean error {c['mean_error']:.1%}, max {c['max_error']:.1%} over {c['configurations']} "
+                 f"configurations; Kendall tau {c['kendall_tau']:.3f}")
+    if c["staleness_mean_abs_error"] is not None:
+        lines.append(f"staleness: mean error {c['staleness_mean_abs_error']:.2f} updates, max "
+                     f"{c['staleness_max_abs_error']:.2f}")
+    return "\n".join(lines)
+
+
+def validate_command(args) -> int:
+    def log(msg: str) -> None:
+        print(msg, flush=True, file=sys.stderr)
+
+    costs = load_costs(args.costs)
+    records: list[dict] = []
+    if args.run:
+        if not args.out:
+            raise ConfigError("out", "simulate --validate --run writes its runs and measured.json there: give "
+                                     "--out DIR")
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        ran = run_one_node(out, log)
+        (out / "measured.json").write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "records": ran},
+                                                      indent=1) + "\n")
+        records += ran
+    for d in args.measured or []:
+        records += read_records(d)
+    if len(records) < 2:
+        raise ConfigError("validate", "needs measurements: --run (the one-node configurations, now) and/or "
+                                      "--measured DIR (a measured.json or a shaped-links results.json)")
+    c = compare(records, costs)
+    print(format_comparison(c))
+    if args.json:
+        Path(args.json).write_text(json.dumps(c, indent=1) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+

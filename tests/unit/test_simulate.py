@@ -1,0 +1,221 @@
+"""The simulator against cases whose answer is arithmetic (distbelief/simulate)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import pytest
+
+from distbelief.config import RunConfig
+from distbelief.exceptions import ConfigError
+from distbelief.simulate.costs import Costs, load_costs
+from distbelief.simulate.downpour import DownpourRun, compute_seconds
+from distbelief.simulate.machines import Machines, parse_bandwidth
+from distbelief.simulate.predict import simulate
+from distbelief.simulate.profile import profile_model
+from distbelief.simulate.validate import compare, kendall_tau, shaped_records
+from distbelief.simulate.workload import Workload
+
+TINY = dict(task="speech", model="speech-tiny", num_classes=8192, batch_size=128)
+
+
+def free_costs(**changes) -> Costs:
+    """Costs where nothing but what a test sets takes time (compute: 1 ms a step)."""
+    base = Costs(macs_per_s={"dense": 1e30, "local": 1e30, "other": 1e30}, step_s=1e-3, example_s=0.0,
+                 thread_efficiency=0.0, compute_cv=0.0, update_s_per_value={"sgd": 0.0, "adagrad": 0.0},
+                 call_s=0.0, copy_bytes_per_s=1e30, objstore_call_s=0.0, objstore_bytes_per_s=1e30,
+                 objstore_cpu_s_per_byte=0.0, link_efficiency=1.0, delta_s_per_value=0.0,
+                 encode_s_per_value={}, decode_s_per_value={})
+    return dataclasses.replace(base, **changes)
+
+
+def work(**settings) -> Workload:
+    return Workload.from_config(RunConfig(**{**TINY, **settings}))
+
+
+def test_parse_bandwidth_reads_rates_and_names_the_flag():
+    assert parse_bandwidth("1gbit") == 1e9
+    assert parse_bandwidth("100mbit") == 1e8
+    assert parse_bandwidth("2.5g") == 2.5e9
+    assert math.isinf(parse_bandwidth("inf"))
+    with pytest.raises(ConfigError, match="bandwidth"):
+        parse_bandwidth("fast")
+    with pytest.raises(ConfigError, match="bandwidth"):
+        parse_bandwidth("0gbit")
+
+
+def test_placement_puts_shards_on_their_own_nodes():
+    assert Machines(4, 1, shard_nodes=2).place(2, 2) == ([0, 1], [2, 3])
+    assert Machines(4, 1).place(2, 2) == ([0, 1], [2, 3])
+    assert Machines(1, 2).place(3, 2) == ([0, 0, 0], [0, 0])
+    with pytest.raises(ConfigError, match="shard_nodes"):
+        Machines(2, 1, shard_nodes=2)
+
+
+def test_profile_counts_the_models_parameters():
+    import torch
+
+    from distbelief.models import build_model
+
+    p = profile_model("speech-tiny", "speech", 8192)
+    m = build_model("speech-tiny", (11, 40), 8192)
+    assert p.params == sum(t.numel() for t in m.parameters())
+    assert p.macs["dense"] == 440 * 256 + 256 * 256 + 256 * 8192
+    assert [shape for _, shape in p.tensors] == [tuple(t.shape) for t in m.parameters()]
+    del torch
+
+
+def test_push_bytes_follow_each_codecs_formula():
+    from distbelief.compression import make_codec
+
+    w = work(compress="topk", compress_ratio=0.01)
+    ranges = [w.layout.range(k) for k in range(2)]
+    codec = make_codec("topk", ranges, ratio=0.01)
+    assert w.push_bytes() == [codec.formula_bytes(0), codec.formula_bytes(1)]
+    assert work().push_bytes() == [4 * n for n in w.layout.sizes()]
+    assert work(compress="fp16").push_bytes() == [2 * n for n in w.layout.sizes()]
+    d = work(compress="topk", compress_fetch="delta")
+    n = d.layout.sizes()[0]
+    assert d.fetch_bytes(0.01)[0] == 8 * math.ceil(0.01 * n)
+    assert d.fetch_bytes(0.9)[0] == 4 * n  # a delta answer is never larger than the whole range
+
+
+def test_a_lone_replica_beside_its_shard_runs_at_its_compute_rate():
+    costs = free_costs(step_s=0.01)
+    p = simulate(work(replicas=1, shards=1), Machines(1, 2), costs)  # (a second core it cannot use)
+    assert p.examples_per_s == pytest.approx(128 / 0.01)
+    assert p.staleness_mean == 0
+    assert p.bottleneck == "replica compute"
+
+
+def test_compute_time_is_the_calibrated_rate():
+    costs = free_costs(macs_per_s={"dense": 1e9, "local": 1, "other": 1}, step_s=0.002, example_s=1e-5)
+    w = work()
+    macs = w.profile.macs["dense"]
+    assert compute_seconds(w, costs) == pytest.approx(0.002 + 128 * (1e-5 + 3 * macs / 1e9))
+    two = dataclasses.replace(costs, thread_efficiency=0.5)
+    assert compute_seconds(w, two, threads=3) == pytest.approx(0.002 + 128 * (1e-5 + 3 * macs / 1e9 / 2))
+
+
+def test_a_link_bound_replica_moves_its_bytes_at_the_link_rate():
+    """One replica on node 0, one shard on node 1, nothing costs time but the bytes on a 100 Mbit/s link: each
+    fused step pushes then fetches the whole vector, one after the other."""
+    costs = free_costs(step_s=1e-9)
+    w = work(replicas=1, shards=1)
+    m = Machines(2, 1, bandwidth=1e8)
+    p = simulate(w, m, costs)
+    step = (w.push_bytes()[0] + w.fetch_bytes()[0]) / (1e8 / 8)
+    assert p.examples_per_s == pytest.approx(128 / step, rel=1e-6)
+    assert p.bottleneck.startswith("link")
+    assert p.link_busy["node 0 up"] == pytest.approx(0.5, rel=1e-3)
+
+
+def test_fused_replicas_in_turn_are_each_one_update_stale():
+    """R identical replicas on R cores push in turn: between a replica's fetch and its next push every other
+    replica pushed once."""
+    for r in (2, 3, 5):
+        p = simulate(work(replicas=r, shards=2), Machines(1, r), free_costs(step_s=0.01, call_s=1e-4))
+        assert p.staleness_mean == pytest.approx(r - 1)
+
+
+def test_a_busy_shard_is_named_the_bottleneck():
+    costs = free_costs(step_s=1e-3, update_s_per_value={"sgd": 1e-6, "adagrad": 1e-6})
+    p = simulate(work(replicas=4, shards=1), Machines(6, 1, shard_nodes=1), costs)
+    assert p.bottleneck == "shard 0"
+    assert p.shard_busy[0] > 0.85
+
+
+def test_the_staleness_bound_holds_fast_replicas_back():
+    costs = free_costs(step_s=0.01, call_s=1e-4)
+    free = simulate(Workload.from_config(RunConfig(**TINY, replicas=2), slow={0: 4.0}), Machines(1, 2), costs)
+    run = DownpourRun(Workload.from_config(RunConfig(**TINY, replicas=2, consistency="ssp", staleness_bound=2),
+                                           slow={0: 4.0}), Machines(1, 2), costs)
+    run.run(40, 5)
+    assert max(run.clock) - min(run.clock) <= 2 + 1
+    assert sum(run.steps) * 128 / run.env.now < free.examples_per_s
+
+
+def test_backup_replicas_hide_a_straggler_in_sync():
+    costs = free_costs(step_s=0.01, call_s=1e-4)
+    slow = {0: 10.0}
+    plain = simulate(Workload.from_config(RunConfig(**TINY, strategy="sync"), slow=slow), Machines(1, 3), costs)
+    backed = simulate(Workload.from_config(RunConfig(**TINY, strategy="sync", backup_replicas=1), slow=slow),
+                      Machines(1, 3), costs)
+    even = simulate(Workload.from_config(RunConfig(**TINY, strategy="sync")), Machines(1, 3), costs)
+    assert plain.examples_per_s < 0.2 * even.examples_per_s
+    assert backed.examples_per_s == pytest.approx(even.examples_per_s, rel=0.05)
+
+
+def test_sandblaster_backup_tasks_beat_a_straggler():
+    costs = free_costs(step_s=0.01, call_s=1e-4)
+
+    def run(backups):
+        w = Workload.from_config(RunConfig(**TINY, strategy="sandblaster", replicas=4, backup_tasks=backups,
+                                           lbfgs_batch=4000, portion_size=250), slow={0: 8.0})
+        return simulate(w, Machines(1, 4), costs)
+
+    with_backups, without = run(True), run(False)
+    assert with_backups.details["backup_copies"] > 0
+    assert without.details["backup_copies"] == 0
+    assert with_backups.examples_per_s > 1.2 * without.examples_per_s
+
+
+def test_compression_relieves_a_slow_link():
+    costs = free_costs(step_s=0.005)
+    m = Machines(4, 1, bandwidth=1e9, shard_nodes=2)
+    plain = simulate(work(), m, costs)
+    topk = simulate(work(compress="topk", compress_fetch="delta"), m, costs)
+    assert topk.examples_per_s > 3 * plain.examples_per_s
+
+
+def test_unsimulated_strategies_are_refused_naming_the_setting():
+    with pytest.raises(ConfigError, match="strategy"):
+        Workload.from_config(RunConfig(**{**TINY, "strategy": "hogwild"}))
+
+
+def test_costs_round_trip_and_refuse_nonsense(tmp_path):
+    c = Costs(machine="m", date="2026-12-06")
+    path = tmp_path / "c.json"
+    c.save(path)
+    assert load_costs(path) == c
+    path.write_text(json.dumps({**c.to_json(), "link_efficiency": 0}))
+    with pytest.raises(ConfigError, match="link_efficiency"):
+        load_costs(path)
+    path.write_text(json.dumps({**c.to_json(), "bogus": 1}))
+    with pytest.raises(ConfigError, match="bogus"):
+        load_costs(path)
+    with pytest.raises(ConfigError, match="calibrate"):
+        load_costs(tmp_path / "missing.json")
+
+
+def test_kendall_tau():
+    assert kendall_tau([1, 2, 3, 4], [10, 20, 30, 40]) == 1
+    assert kendall_tau([1, 2, 3, 4], [40, 30, 20, 10]) == -1
+    assert kendall_tau([1, 2, 3], [1, 3, 2]) == pytest.approx(1 / 3)
+
+
+def test_validation_compares_each_record_with_its_prediction(tmp_path):
+    costs = free_costs(step_s=0.01)
+    rec = {"name": "a", "settings": {**TINY, "replicas": 1, "shards": 1}, "machines": {"nodes": 1,
+                                                                                       "cores_per_node": 1},
+           "examples_per_s": 128 / 0.01 / 2, "staleness_mean": 0.5}
+    rec2 = {**rec, "name": "b", "examples_per_s": 128 / 0.01 * 1.25}
+    c = compare([rec, rec2], costs)
+    assert [r["error"] for r in c["rows"]] == pytest.approx([1.0, -0.2])
+    assert c["mean_error"] == pytest.approx(0.6)
+    assert c["max_error"] == pytest.approx(1.0)
+    assert c["rows"][0]["staleness_error"] == pytest.approx(-0.5)
+
+
+def test_shaped_benchmark_results_become_records(tmp_path):
+    (tmp_path / "1gbit-fig4-none").mkdir()
+    (tmp_path / "1gbit-fig4-none" / "summary.json").write_text(json.dumps({"staleness_mean": 0.99}))
+    results = {"cpus": 2, "runs": [{"config": "none", "bandwidth": "1gbit", "model": "speech-tiny",
+                                    "settings": {**TINY, "init_params": "/x"}, "examples_per_s": 900.0}]}
+    [r] = shaped_records(results, tmp_path)
+    assert r["machines"] == {"nodes": 4, "cores_per_node": 1, "shared_cores": 2, "shard_nodes": 2,
+                             "bandwidth": 1e9}
+    assert r["staleness_mean"] == 0.99
+    assert "init_params" not in r["settings"]
