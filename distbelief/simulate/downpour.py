@@ -33,27 +33,29 @@ from distbelief.simulate.machines import Machines
 from distbelief.simulate.workload import Workload
 
 
-def compute_seconds(work: Workload, costs: Costs, threads: int = 1) -> float:
+def compute_seconds(work: Workload, costs: Costs, threads: int = 1, machines: Machines | None = None) -> float:
     """One replica's minibatch step with ``threads`` threads: the fixed cost, the per-example cost, and forward
     plus backward (three multiply-adds per weight use) at the measured rate of each layer kind, the multiply-adds
     spread over the threads at ``thread_efficiency``. A model-parallel replica's step is the slowest
     partition's (simulate/partition.py)."""
     p = work.profile
     if work.partitions > 1:
-        return partition_seconds(work, costs, threads)
+        return partition_seconds(work, costs, threads, machines)
     speedup = 1 + (threads - 1) * costs.thread_efficiency
     macs_s = sum(3 * macs / costs.macs_per_s[kind] for kind, macs in p.macs.items() if macs) / speedup
     return costs.step_s + work.batch * (costs.example_s + macs_s)
 
 
-def partition_seconds(work: Workload, costs: Costs, threads: int) -> float:
+def partition_seconds(work: Workload, costs: Costs, threads: int, machines: Machines | None) -> float:
+    """A model-parallel step (simulate/partition.py): each partition with ``threads`` cores, the boundary
+    messages over ``machines``' links when the cluster has nodes for the partitions, in memory otherwise."""
     from distbelief.simulate.partition import partition_step
-    from distbelief.simulate.machines import Machines
 
-    # the partitions of a replica on machines of their own, each with ``threads`` cores, over unlimited links
-    # (a replica's partitions sit together: the same node or one rack)
+    spread = machines is not None and machines.nodes > 1
     step = partition_step(work.profile, work.partitions, work.batch, costs,
-                          Machines(nodes=work.partitions, cores_per_node=threads))
+                          Machines(nodes=work.partitions, cores_per_node=threads,
+                                   bandwidth=machines.bandwidth if spread else float("inf"),
+                                   latency_s=machines.latency_s if spread else 0.0))
     return step.seconds
 
 
@@ -89,16 +91,27 @@ class Shards:
 class DownpourRun:
     """One simulated Downpour (or sync) run; ``run(seconds)`` then read the counters."""
 
-    def __init__(self, work: Workload, machines: Machines, costs: Costs, seed: int = 0):
+    def __init__(self, work: Workload, machines: Machines, costs: Costs, seed: int = 0,
+                 representative: bool = False):
         self.work, self.machines, self.costs = work, machines, costs
         self.env = simpy.Environment()
         self.world = World(self.env, machines, costs)
         started = work.replicas + (work.backup_replicas if work.strategy == "sync" else 0)
-        self.replica_nodes, shard_nodes = machines.place(started, work.shards)
+        # a model-parallel replica's partitions each on a node of their own (where there are nodes enough)
+        parts = work.partitions
+        nodes, shard_nodes = machines.place(started * parts, work.shards)
+        self.groups = [nodes[r * parts:(r + 1) * parts] for r in range(started)]
+        self.replica_nodes = [g[0] for g in self.groups]
         self.shards = Shards(self.env, work, shard_nodes)
         self.colocated = machines.nodes == 1 and not work.object_store
-        self.threads = replica_threads(work, machines, len(self.replica_nodes), self.replica_nodes)
-        self.step_s = compute_seconds(work, costs, self.threads)
+        # Representative shard (large runs): the shards are alike and every replica talks to all of them, so only
+        # shard 0 is simulated call by call; a replica's link still carries every shard's part.
+        self.representative = representative and not self.colocated and work.shards > 1
+        self.modelled = [0] if self.representative else list(range(work.shards))
+        self.others = work.shards - len(self.modelled)  # shards whose parts only occupy the replica's links
+        flat = [n for g in self.groups for n in g]
+        self.threads = replica_threads(work, machines, len(flat), flat)
+        self.step_s = compute_seconds(work, costs, self.threads, machines)
         self.rng = np.random.default_rng(seed)
         self.encode_s = (costs.encode_s_per_value.get(work.compress, 0.0) * work.profile.params
                          if work.compress != "none" else 0.0)
@@ -191,6 +204,28 @@ class DownpourRun:
         return w.fetch_bytes(changed)[k] if fetch else 0
 
     # ------------------------------------------------------------------ replica side
+    def _up(self, r: int, k: int, nbytes: float):
+        """Replica ``r``'s part for shard ``k`` (``nbytes``) travels to it: from each of its partitions' nodes
+        their share, at once; under a representative shard the other shards' parts first occupy the links."""
+        snode, share = self.shards.nodes[k], nbytes / len(self.groups[r])
+
+        def one(node):
+            yield from self.world.occupy(node, "up", self.others * share)
+            yield from self.world.send(node, snode, share)
+
+        yield self.env.all_of([self.env.process(one(n)) for n in self.groups[r]])
+
+    def _down(self, r: int, k: int, nbytes: float):
+        """Shard ``k``'s answer (``nbytes``) travels back to replica ``r``'s partitions and is loaded."""
+        snode, share = self.shards.nodes[k], nbytes / len(self.groups[r])
+
+        def one(node):
+            yield from self.world.send(snode, node, share)
+            yield from self.world.occupy(node, "down", self.others * share)
+            yield from self.world.copy(node, share * (1 + self.others))
+
+        yield self.env.all_of([self.env.process(one(n)) for n in self.groups[r]])
+
     def _push_fetch(self, r: int, versions: list[int]):
         """The fused step: push and fetch in one call per shard. Co-located, the replica's thread visits the
         shards one after the other; remote, the calls to all shards travel at once."""
@@ -201,28 +236,25 @@ class DownpourRun:
             return
 
         def one(k):
-            snode = self.shards.nodes[k]
-            yield from self.world.send(node, snode, self.push_bytes[k])
-            nbytes = yield from self._call(r, k, snode, versions, True, True)
-            yield from self.world.send(snode, node, nbytes)
-            yield from self.world.copy(node, nbytes)  # the replica loads the answer into its model
+            yield from self._up(r, k, self.push_bytes[k])
+            nbytes = yield from self._call(r, k, self.shards.nodes[k], versions, True, True)
+            yield from self._down(r, k, nbytes)
 
-        yield self.env.all_of([self.env.process(one(k)) for k in range(self.work.shards)])
+        yield self.env.all_of([self.env.process(one(k)) for k in self.modelled])
 
     def _push(self, r: int, versions: list[int], applied: list):
         """An asynchronous push to every shard; ``applied[k]`` succeeds once shard k applied it."""
         node = self.replica_nodes[r]
 
         def one(k):
-            snode = self.shards.nodes[k]
             if self.colocated:
                 yield from self._call(r, k, node, versions, True, False)
             else:
-                yield from self.world.send(node, snode, self.push_bytes[k])
-                yield from self._call(r, k, snode, versions, True, False)
+                yield from self._up(r, k, self.push_bytes[k])
+                yield from self._call(r, k, self.shards.nodes[k], versions, True, False)
             applied[k].succeed()
 
-        return self.env.all_of([self.env.process(one(k)) for k in range(self.work.shards)])
+        return self.env.all_of([self.env.process(one(k)) for k in self.modelled])
 
     def _fetch(self, r: int, versions: list[int], after: list | None):
         """A fetch from every shard, each after this replica's earlier push to it (``after``) was applied."""
@@ -231,21 +263,23 @@ class DownpourRun:
         def one(k):
             if after is not None:
                 yield after[k]
-            snode = self.shards.nodes[k]
             if self.colocated:
                 yield from self._call(r, k, node, versions, False, True)
                 return
-            yield from self.world.send(node, snode, 64)  # the request
-            nbytes = yield from self._call(r, k, snode, versions, False, True)
-            yield from self.world.send(snode, node, nbytes)
-            yield from self.world.copy(node, nbytes)
+            yield from self.world.send(node, self.shards.nodes[k], 64)  # the request
+            nbytes = yield from self._call(r, k, self.shards.nodes[k], versions, False, True)
+            yield from self._down(r, k, nbytes)
 
-        return self.env.all_of([self.env.process(one(k)) for k in range(self.work.shards)])
+        return self.env.all_of([self.env.process(one(k)) for k in self.modelled])
 
     def _compute(self, r: int):
+        """A step's compute; a model-parallel replica's partitions are busy on their nodes for all of it."""
         t = self.env.now
-        step = self.step_s * self.work.slow.get(r, 1.0) * jitter(self.rng, self.costs.compute_cv)
-        yield from self.world.cpu(self.replica_nodes[r], step + self.encode_s)
+        step = self.step_s * self.work.slow.get(r, 1.0) * jitter(self.rng, self.costs.compute_cv) + self.encode_s
+        if len(self.groups[r]) == 1:
+            yield from self.world.cpu(self.replica_nodes[r], step)
+        else:
+            yield self.env.all_of([self.env.process(self.world.cpu(n, step)) for n in self.groups[r]])
         self.compute_s[r] += self.env.now - t
 
     def _wait(self, r: int, event):
@@ -319,9 +353,7 @@ class DownpourRun:
             versions = [0] * w.shards
             yield from self._wait(r, self._fetch(r, versions, None))
             yield from self._compute(r)
-            node = self.replica_nodes[r]
-            yield env.all_of([env.process(self.world.send(node, s.nodes[k], self.push_bytes[k]))
-                              for k in range(w.shards)])
+            yield env.all_of([env.process(self._up(r, k, self.push_bytes[k])) for k in self.modelled])
             arrived.append(r)
             del busy[r]
 

@@ -91,6 +91,18 @@ class World:
         if lat:
             yield self.env.timeout(lat)
 
+    def occupy(self, node: int, way: str, nbytes: float):
+        """Hold ``node``'s link one ``way`` ("up" or "down") for ``nbytes`` at the link rate: the traffic of the
+        shards that a representative-shard simulation does not model one by one (simulate/downpour.py)."""
+        if nbytes <= 0 or math.isinf(self.rate):
+            return
+        link = (self.up if way == "up" else self.down)[node]
+        with link.request() as req:
+            yield req
+            yield self.env.timeout(nbytes / self.rate)
+        self.link_bytes[(node, way)] += nbytes
+        self.link_busy[(node, way)] += nbytes / self.rate
+
     # ------------------------------------------------------------------ report
     def utilisation(self, seconds: float) -> dict:
         """Busy shares over ``seconds``: per core pool (of its cores), per link direction (of its rate)."""

@@ -40,10 +40,17 @@ class Prediction:
         return d
 
 
+REPRESENTATIVE_CALLS = 4000  # replicas x shards above which one shard stands for all (on shard-only nodes)
+
+
 def simulate(work: Workload, machines: Machines, costs: Costs, *, steps: int = 60,
-             warmup_steps: int = 10) -> Prediction:
+             warmup_steps: int = 10, representative: bool | None = None) -> Prediction:
     """Simulate ``work`` on ``machines`` with ``costs``: ``warmup_steps`` per replica to reach a steady state, then
-    ``steps`` per replica measured (Sandblaster: L-BFGS iterations, at least 2)."""
+    ``steps`` per replica measured (Sandblaster: L-BFGS iterations, at least 2).
+
+    ``representative``: simulate shard 0 call by call and let it stand for all shards (they are alike and every
+    replica talks to each); by default when replicas x shards exceeds ``REPRESENTATIVE_CALLS`` and every shard
+    has a node of its own, where it changes the result by little and the time to simulate by the shard count."""
     if work.strategy == "sandblaster":
         from distbelief.simulate.sandblaster import SandblasterRun
 
@@ -52,7 +59,12 @@ def simulate(work: Workload, machines: Machines, costs: Costs, *, steps: int = 6
         return run.prediction(seconds)
     from distbelief.simulate.downpour import DownpourRun
 
-    run = DownpourRun(work, machines, costs)
+    if representative is None:
+        _, shard_nodes = machines.place(work.replicas, work.shards)
+        representative = (work.replicas * work.shards > REPRESENTATIVE_CALLS and not machines.shared_cores
+                          and len(set(shard_nodes)) == work.shards
+                          and machines.nodes >= work.replicas + work.shards)
+    run = DownpourRun(work, machines, costs, representative=representative)
     seconds = run.run(steps, warmup_steps)
     replicas = len(run.steps)
     total_steps = sum(run.steps)
@@ -70,7 +82,7 @@ def simulate(work: Workload, machines: Machines, costs: Costs, *, steps: int = 6
         staleness_histogram=dict(run.shards.staleness), shard_busy=shard_busy, cpu_busy=util["cpu"],
         link_busy=util["links"], bottleneck=name, why=why, simulated_s=seconds,
         details={"replica_compute_s": run.step_s, "transport": "co-located" if run.colocated else "object store",
-                 "fused": work.fused, "push_bytes": run.push_bytes, "replica_nodes": run.replica_nodes,
+                 "fused": work.fused, "push_bytes": run.push_bytes, "representative_shard": run.representative, "replica_nodes": run.replica_nodes,
                  "shard_nodes": run.shards.nodes})
 
 

@@ -219,3 +219,14 @@ def test_shaped_benchmark_results_become_records(tmp_path):
                              "bandwidth": 1e9}
     assert r["staleness_mean"] == 0.99
     assert "init_params" not in r["settings"]
+
+
+def test_a_representative_shard_predicts_what_all_shards_do():
+    costs = free_costs(step_s=0.02, call_s=2e-4, update_s_per_value={"sgd": 1e-9, "adagrad": 4e-9})
+    w = work(replicas=12, shards=4)
+    m = Machines(16, 1, bandwidth=1e9)
+    full = simulate(w, m, costs, representative=False)
+    one = simulate(w, m, costs, representative=True)
+    assert one.details["representative_shard"] and not full.details["representative_shard"]
+    assert one.examples_per_s == pytest.approx(full.examples_per_s, rel=0.05)
+    assert one.staleness_mean == pytest.approx(full.staleness_mean, rel=0.1)
