@@ -64,6 +64,10 @@ def add_simulate(sub, add_run_flags) -> None:
     p.add_argument("--measured", metavar="DIR", action="append", default=None,
                    help="with --validate: read measurements from this directory (repeatable; a validate run's "
                         "measured.json or a shaped-links benchmark's results.json)")
+    p.add_argument("--paper-scale", metavar="DIR",
+                   help="the paper at its scale: Fig. 3 (speed-up vs machines per replica, the 42M speech and 1.7B "
+                        "image models) and throughput vs replicas up to 2,000 (shards needed), JSON and PNG into "
+                        "DIR (a few minutes); nothing else is simulated")
     p.add_argument("--run", action="store_true",
                    help="with --validate: run the one-node configurations now (a few minutes) and save them in "
                         "--out (the run directories and measured.json)")
@@ -130,7 +134,7 @@ def run_config_from(args) -> RunConfig:
 
 
 # Options of simulate and plan that are not run settings: an error about one names it as the flag typed.
-OWN_FLAGS = {"nodes", "cores_per_node", "bandwidth", "latency_ms", "shared_cores", "shard_nodes", "costs",
+OWN_FLAGS = {"paper_scale", "nodes", "cores_per_node", "bandwidth", "latency_ms", "shared_cores", "shard_nodes", "costs",
              "stragglers", "steps", "top", "measured", "validate", "model", "task", "num_classes", "batch_size",
              "out"}
 
@@ -145,6 +149,8 @@ def main(args: argparse.Namespace) -> int:
             from distbelief.simulate.validate import validate_command
 
             return validate_command(args)
+        if args.paper_scale:
+            return _paper_scale(args)
         return _simulate(args)
     except ConfigError as e:
         if e.field in OWN_FLAGS:
@@ -162,6 +168,27 @@ def _calibrate(args) -> int:
     path = Path(args.costs or "costs.json")
     costs = calibrate(path, links=args.links, log=_log)
     print(f"wrote {path} ({costs.machine}, {costs.date})")
+    return 0
+
+
+def _paper_scale(args) -> int:
+    from distbelief.simulate import paper
+
+    out = Path(args.paper_scale)
+    costs = load_costs(args.costs)
+    fig3 = paper.paper_scale(out, costs)
+    for m in fig3["models"]:
+        best = max(m["rows"], key=lambda r: r["speedup"])
+        print(f"fig. 3, {m['key']} ({m['params'] / 1e6:,.0f}M parameters): best {best['speedup']:.2f}x at "
+              f"{best['P']} machines; paper: {'; '.join(p['says'] for p in m['paper'])}")
+    sweep = paper.replicas_sweep(costs, log=_log)
+    (out / "replicas-paper-scale.json").write_text(json.dumps(sweep, indent=1) + "\n")
+    paper.plot_replicas(sweep, out / "replicas-paper-scale.png")
+    for strategy, rows in sweep["strategies"].items():
+        for r in rows:
+            print(f"{strategy:11s} {r['replicas']:>5} replicas: {r['fed_examples_per_s']:>10,.0f} examples/s with "
+                  f"{r['shards_to_feed']} shards ({r['fed_bottleneck']})")
+    print(f"wrote {out}")
     return 0
 
 

@@ -15,9 +15,11 @@ How the simulator uses them:
 - a shard's update of ``n`` values: ``n * update_s_per_value[rule]``, plus ``call_s`` per call (Ray's actor
   call: scheduling, arguments, reply);
 - bytes between two processes on one node: ``copy_bytes_per_s`` (the shared-memory plane copies once);
-- bytes between nodes through Ray's object store: ``objstore_call_s`` per object plus the bytes at the slower of
+- bytes between nodes through Ray's object store: a fixed cost per object plus the bytes at the slower of
   ``objstore_bytes_per_s`` (the object manager's own rate, measured with no link limit) and the link's rate times
-  ``link_efficiency``; the object manager's work is CPU on both nodes (``objstore_cpu_s_per_byte``);
+  ``link_efficiency``; the fixed cost is ``objstore_call_s`` on an unlimited link (loopback) and
+  ``link_object_s`` on a rate-limited one (the pull protocol's round trips wait in the link's queue); the
+  object manager's work is CPU on both nodes (``objstore_cpu_s_per_byte``);
 - compression: ``encode_s_per_value[scheme]`` on the replica, ``decode_s_per_value[scheme]`` on the shard, and
   ``delta_s_per_value`` for a shard to find the values changed since a replica's last fetch.
 """
@@ -33,6 +35,7 @@ from typing import Any
 from distbelief.exceptions import ConfigError
 
 SHIPPED = Path(__file__).with_name("calibration.json")
+KINDS = ("dense", "local", "other", "elementwise")  # layer kinds with a rate each (simulate/profile.py)
 
 
 @dataclass
@@ -41,7 +44,8 @@ class Costs:
     date: str = ""
     cpus: int = 1
     # replica compute (one core)
-    macs_per_s: dict[str, float] = field(default_factory=lambda: {"dense": 2.0e9, "local": 5.0e8, "other": 1.0e9})
+    macs_per_s: dict[str, float] = field(default_factory=lambda: {"dense": 2.0e9, "local": 5.0e8, "other": 1.0e9,
+                                                                  "elementwise": 2.0e8})
     step_s: float = 1.0e-3
     example_s: float = 1.0e-6
     thread_efficiency: float = 0.8  # each thread beyond a replica's first adds this share of one thread's rate
@@ -55,6 +59,7 @@ class Costs:
     objstore_bytes_per_s: float = 1.0e9
     objstore_cpu_s_per_byte: float = 5.0e-10
     link_efficiency: float = 0.9
+    link_object_s: float = 4.0e-3  # fixed cost of one object over a rate-limited link (replaces objstore_call_s)
     # compression
     encode_s_per_value: dict[str, float] = field(default_factory=lambda: {
         "fp16": 1e-9, "topk": 1e-8, "qsgd": 7e-8, "powersgd": 5e-9})
@@ -88,7 +93,7 @@ class Costs:
         for name in positive:
             if not getattr(self, name) > 0:
                 raise ConfigError("costs", f"{source}: {name} must be > 0, got {getattr(self, name)!r}")
-        for name in ("step_s", "example_s", "call_s", "objstore_call_s", "objstore_cpu_s_per_byte",
+        for name in ("step_s", "example_s", "call_s", "objstore_call_s", "link_object_s", "objstore_cpu_s_per_byte",
                      "delta_s_per_value"):
             if not getattr(self, name) >= 0:
                 raise ConfigError("costs", f"{source}: {name} must be >= 0, got {getattr(self, name)!r}")
@@ -98,7 +103,7 @@ class Costs:
             raise ConfigError("costs", f"{source}: compute_cv must be in [0, 1), got {self.compute_cv!r}")
         if not 0 < self.link_efficiency <= 1:
             raise ConfigError("costs", f"{source}: link_efficiency must be in (0, 1], got {self.link_efficiency!r}")
-        for kind in ("dense", "local", "other"):
+        for kind in KINDS:
             if not self.macs_per_s.get(kind, 0) > 0:
                 raise ConfigError("costs", f"{source}: macs_per_s[{kind!r}] must be > 0")
         for rule in ("sgd", "adagrad"):

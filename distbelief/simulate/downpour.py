@@ -171,16 +171,18 @@ class DownpourRun:
         self.measuring = True
 
     # ------------------------------------------------------------------ shard side
-    def _call(self, r: int, k: int, worker_node: int, versions: list[int], push: bool, fetch: bool):
+    def _call(self, r: int, k: int, worker_node: int, versions: list[int], push: bool, fetch: bool,
+              calls: int = 1):
         """One call at shard ``k``, under its lock, on ``worker_node``'s core (the shard's, or the replica's own
         under co-located updates): apply replica ``r``'s push (made from parameters of ``versions[k]``) and/or
         answer its fetch (updating ``versions[k]``). Returns the answer's bytes (0 without a fetch): the
-        shard's values, or under ``compress_fetch = "delta"`` the values changed since the replica's last fetch."""
+        shard's values, or under ``compress_fetch = "delta"`` the values changed since the replica's last fetch.
+        ``calls``: Ray calls it takes (a push and its fetch are two on the object-store transport)."""
         s, c, w = self.shards, self.costs, self.work
         with s.lock[k].request() as req:
             yield req
             t = self.env.now
-            seconds = 0.0 if self.colocated else c.call_s
+            seconds = 0.0 if self.colocated else calls * c.call_s
             if push:
                 seconds += self.decode_s[k] + c.update_s(w.rule) * s.sizes[k]
             changed = 1.0
@@ -227,34 +229,40 @@ class DownpourRun:
         yield self.env.all_of([self.env.process(one(n)) for n in self.groups[r]])
 
     def _push_fetch(self, r: int, versions: list[int]):
-        """The fused step: push and fetch in one call per shard. Co-located, the replica's thread visits the
-        shards one after the other; remote, the calls to all shards travel at once."""
+        """The fused step: a push and the fetch after it, per shard. Co-located, the replica's thread visits the
+        shards one after the other (one update and copy each). Remote, the runtime sends the push and the fetch
+        as two calls to every shard at once: the parts share the replica's link (TCP shares it fairly, so they
+        arrive together, after all of them crossed), then each shard applies and answers."""
         node = self.replica_nodes[r]
         if self.colocated:
             for k in range(self.work.shards):
                 yield from self._call(r, k, node, versions, True, True)
             return
+        yield self.env.all_of([self.env.process(self._up(r, k, self.push_bytes[k])) for k in self.modelled])
 
-        def one(k):
-            yield from self._up(r, k, self.push_bytes[k])
-            nbytes = yield from self._call(r, k, self.shards.nodes[k], versions, True, True)
+        def answer(k):
+            nbytes = yield from self._call(r, k, self.shards.nodes[k], versions, True, True, calls=2)
             yield from self._down(r, k, nbytes)
 
-        yield self.env.all_of([self.env.process(one(k)) for k in self.modelled])
+        yield self.env.all_of([self.env.process(answer(k)) for k in self.modelled])
 
     def _push(self, r: int, versions: list[int], applied: list):
-        """An asynchronous push to every shard; ``applied[k]`` succeeds once shard k applied it."""
+        """An asynchronous push to every shard; ``applied[k]`` succeeds once shard k applied it. Remote, the
+        parts cross the replica's link together (as in ``_push_fetch``) before the shards apply them."""
         node = self.replica_nodes[r]
 
-        def one(k):
-            if self.colocated:
-                yield from self._call(r, k, node, versions, True, False)
-            else:
-                yield from self._up(r, k, self.push_bytes[k])
-                yield from self._call(r, k, self.shards.nodes[k], versions, True, False)
-            applied[k].succeed()
+        def pushes():
+            if not self.colocated:
+                yield self.env.all_of([self.env.process(self._up(r, k, self.push_bytes[k]))
+                                       for k in self.modelled])
 
-        return self.env.all_of([self.env.process(one(k)) for k in self.modelled])
+            def apply(k):
+                yield from self._call(r, k, node if self.colocated else self.shards.nodes[k], versions, True, False)
+                applied[k].succeed()
+
+            yield self.env.all_of([self.env.process(apply(k)) for k in self.modelled])
+
+        return self.env.process(pushes())
 
     def _fetch(self, r: int, versions: list[int], after: list | None):
         """A fetch from every shard, each after this replica's earlier push to it (``after``) was applied."""

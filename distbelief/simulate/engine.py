@@ -87,7 +87,8 @@ class World:
         for key in ((src, "up"), (dst, "down")):
             self.link_bytes[key] += nbytes
             self.link_busy[key] += wire
-        lat = self.machines.latency_s + (0.0 if inline else c.objstore_call_s)
+        fixed = c.objstore_call_s if math.isinf(self.rate) else c.link_object_s
+        lat = self.machines.latency_s + (0.0 if inline else fixed)
         if lat:
             yield self.env.timeout(lat)
 

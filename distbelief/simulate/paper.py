@@ -159,3 +159,79 @@ def paper_scale(out_dir: str | Path, costs: Costs) -> dict:
     (out / "fig3-paper-scale.json").write_text(json.dumps(results, indent=1) + "\n")
     plot_fig3(results, out / "fig3-paper-scale.png")
     return results
+
+
+# ---------------------------------------------------------------------- throughput vs replicas
+REPLICA_COUNTS = [1, 10, 20, 50, 100, 200, 500, 1000, 2000]
+SHARD_COUNTS = [1, 10, 50, 100, 200, 500]
+FED = 0.9  # "kept fed": within this share of the most examples/s any shard count gave
+PORTIONS_PER_REPLICA = 16  # Sandblaster's batch: this many 128-example portions per replica
+
+
+def replicas_sweep(costs: Costs, replica_counts: list[int] | None = None, shard_counts: list[int] | None = None,
+                   steps: int = 8, log=lambda m: None) -> dict:
+    """Downpour (Adagrad, the paper's n_fetch = n_push = 1) and Sandblaster throughput of the speech model
+    against replicas, each replica and each shard on a 2012 machine of its own (``paper_machines``), for every
+    shard count: the examples/s, the bottleneck, and the fewest shards that keep the replicas fed (within
+    ``FED`` of the best shard count). Sandblaster's batch is ``PORTIONS_PER_REPLICA`` portions of ``BATCH`` per
+    replica, so its portions still balance at 2,000 replicas."""
+    from distbelief.config import RunConfig
+    from distbelief.simulate.predict import simulate
+    from distbelief.simulate.workload import Workload
+
+    costs = paper_costs(costs)
+    profile = speech_profile()
+    out: dict = {"figure": "replicas-paper-scale", "assumptions": assumptions(costs, paper_machines(1)),
+                 "model": profile.name, "params": profile.params, "strategies": {}}
+    for strategy in ("downpour", "sandblaster"):
+        rows = []
+        for r in replica_counts or REPLICA_COUNTS:
+            points = []
+            for s in shard_counts or SHARD_COUNTS:
+                cfg = RunConfig(task="speech", model="speech-paper", strategy=strategy, replicas=r, shards=s,
+                                batch_size=BATCH, lbfgs_batch=BATCH * PORTIONS_PER_REPLICA * r,
+                                portion_size=BATCH)
+                work = Workload.from_config(cfg, profile)
+                p = simulate(work, paper_machines(r + s), costs, steps=steps if strategy == "downpour" else 40,
+                             warmup_steps=3)
+                points.append({"shards": s, "examples_per_s": p.examples_per_s, "bottleneck": p.bottleneck,
+                               "staleness_mean": p.staleness_mean})
+                log(f"paper scale: {strategy} {r} replicas x {s} shards: {p.examples_per_s:,.0f} examples/s "
+                    f"({p.bottleneck})")
+            best = max(x["examples_per_s"] for x in points)
+            fed = min((x for x in points if x["examples_per_s"] >= FED * best), key=lambda x: x["shards"])
+            rows.append({"replicas": r, "points": points, "best_examples_per_s": best, "shards_to_feed": fed["shards"],
+                         "fed_examples_per_s": fed["examples_per_s"], "fed_bottleneck": fed["bottleneck"]})
+        out["strategies"][strategy] = rows
+    return out
+
+
+def plot_replicas(results: dict, path: str | Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+    for ax, (strategy, rows) in zip(axes, results["strategies"].items()):
+        reps = [r["replicas"] for r in rows]
+        shard_counts = [p["shards"] for p in rows[0]["points"]]
+        for i, s in enumerate(shard_counts):
+            ax.plot(reps, [r["points"][i]["examples_per_s"] for r in rows], "-", lw=1, alpha=0.6,
+                    label=f"{s} shards")
+        ax.plot(reps, [r["fed_examples_per_s"] for r in rows], "ko", label="fewest shards within 90% of best")
+        for r in rows:
+            ax.annotate(str(r["shards_to_feed"]), (r["replicas"], r["fed_examples_per_s"]), fontsize=7,
+                        xytext=(3, -10), textcoords="offset points")
+        ax.set(xscale="log", yscale="log", xlabel="model replicas", ylabel="examples/s",
+               title=f"{strategy}: speech model, {results['params'] / 1e6:.0f} M parameters")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    a = results["assumptions"]
+    fig.suptitle(f"Throughput vs replicas at paper scale (simulated): each replica and shard a 2012 machine of "
+                 f"{a['cores_per_machine']} cores, {a['bandwidth']} links; numbers: shards that keep them fed",
+                 fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return Path(path)

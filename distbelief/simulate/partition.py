@@ -40,7 +40,7 @@ from distbelief.partition.model import normalize_input_shape
 from distbelief.partition.plan import HEAD, ExchangePlan, PartitionSpec
 from distbelief.simulate.costs import Costs
 from distbelief.simulate.machines import Machines
-from distbelief.simulate.profile import ModelProfile
+from distbelief.simulate.profile import ModelProfile, layer_kind
 
 BYTES_PER_UNIT = 4  # float32 activations and gradients
 JITTER_DRAWS = 64  # steps averaged when jitter > 0 (even: the draws come in +/- pairs)
@@ -88,13 +88,6 @@ def partition_stack(profile: ModelProfile) -> tuple[Shape, list[Layer]]:
     for out_features, _ in profile.matrices[:-1]:
         layers += [FullyConnected(out_features), Activation("sigmoid")]
     return (1, profile.matrices[0][1]), layers + [FullyConnected(profile.matrices[-1][0])]
-
-
-def layer_kind(layer: Layer) -> str:
-    """The ``Costs.macs_per_s`` kind of ``layer``, as ``profile_layers`` counts it."""
-    if isinstance(layer, FullyConnected):
-        return "dense"
-    return "local" if type(layer).__name__.startswith("LocallyConnected") else "other"
 
 
 def _exchange_s(units_out: np.ndarray, units_in: np.ndarray, msgs_out: np.ndarray, msgs_in: np.ndarray,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from distbelief.simulate.predict import SATURATED, Prediction
+from distbelief.simulate.outcome import SATURATED, Prediction
 
 
 def plot_prediction(pred: Prediction, title: str, path: str) -> None:

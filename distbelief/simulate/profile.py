@@ -5,8 +5,9 @@
 which is how the paper's 1.7 B-parameter model is described (simulate/paper.py).
 
 Layer kinds, each with its own measured rate (``Costs.macs_per_s``): ``dense`` (fully connected: one GEMM),
-``local`` (locally connected, untied: many small GEMMs, a slower rate) and ``other`` (convolutions, pooling,
-normalisation, activations).
+``local`` (locally connected, untied: many small GEMMs, a slower rate), ``other`` (convolutions, pooling,
+normalisation) and ``elementwise`` (one operation per unit: activations, and the loss's softmax and
+cross-entropy over the outputs, which for 8,192 classes cost as much as a hidden layer).
 """
 
 from __future__ import annotations
@@ -58,18 +59,21 @@ def profile_model(model: str, task: str = "speech", num_classes: int | None = No
         p = profile_layers(model, tuple(m.input_shape), list(layers))
         return ModelProfile(model, sum(t.numel() for t in m.parameters()), p.macs, p.matrices, p.widths,
                             p.layers, p.input_shape, _tensors(m))
-    macs = {"dense": 0.0, "local": 0.0, "other": 0.0}
+    macs = {"dense": 0.0, "local": 0.0, "other": 0.0, "elementwise": 0.0}
     matrices, widths = [], [math.prod(shape)]
     for mod in m.modules():
         if isinstance(mod, torch.nn.Linear):
             macs["dense"] += mod.in_features * mod.out_features
             matrices.append((mod.out_features, mod.in_features))
             widths.append(mod.out_features)
+        elif isinstance(mod, (torch.nn.ReLU, torch.nn.Sigmoid, torch.nn.Tanh)):
+            macs["elementwise"] += widths[-1]
         elif isinstance(mod, torch.nn.Conv1d):
             # MNIST1DConvNet: the output length is the input's (padding keeps it) over the stride
             length = math.ceil(shape[-1] / mod.stride[0])
             macs["other"] += length * mod.out_channels * mod.in_channels * mod.kernel_size[0] // mod.groups
             matrices.append((mod.out_channels, mod.in_channels * mod.kernel_size[0]))
+    macs["elementwise"] += classes  # the loss: softmax and cross-entropy over the outputs
     return ModelProfile(model, sum(t.numel() for t in m.parameters()), macs, tuple(matrices), tuple(widths),
                         (), shape, _tensors(m))
 
@@ -85,18 +89,14 @@ def _tensors(m) -> tuple[tuple[int, tuple[int, ...]], ...]:
 def profile_layers(name: str, input_shape: tuple[int, ...], layers: list) -> ModelProfile:
     """The profile of a stack of partition layers (``distbelief.partition.layers``): parameters from their
     shapes and multiply-adds from ``flops_per_unit`` times the output units, nothing allocated."""
-    from distbelief.partition.layers import FullyConnected
-
-    macs = {"dense": 0.0, "local": 0.0, "other": 0.0}
+    macs = {"dense": 0.0, "local": 0.0, "other": 0.0, "elementwise": 0.0}
     params, matrices, tensors = 0, [], []
     shape = tuple(input_shape)
     widths = [math.prod(shape)]
     for layer in layers:
         out = tuple(layer.out_shape(shape))
         units = math.prod(out)
-        kind = ("dense" if isinstance(layer, FullyConnected) else
-                "local" if type(layer).__name__.startswith("LocallyConnected") else "other")
-        macs[kind] += layer.flops_per_unit(shape) * units
+        macs[layer_kind(layer)] += layer.flops_per_unit(shape) * units
         for pname, pshape in layer.param_shapes(shape).items():
             n = math.prod(pshape)
             tensors.append((params, tuple(pshape)))
@@ -105,5 +105,17 @@ def profile_layers(name: str, input_shape: tuple[int, ...], layers: list) -> Mod
                 matrices.append((pshape[0], n // pshape[0]))
         shape = out
         widths.append(units)
+    macs["elementwise"] += widths[-1]  # the loss over the outputs
     return ModelProfile(name, params, macs, tuple(matrices), tuple(widths), tuple(layers), tuple(input_shape),
                         tuple(tensors))
+
+
+def layer_kind(layer) -> str:
+    """The ``Costs.macs_per_s`` kind of a partition layer (``distbelief.partition.layers``)."""
+    from distbelief.partition.layers import Activation, FullyConnected
+
+    if isinstance(layer, FullyConnected):
+        return "dense"
+    if isinstance(layer, Activation):
+        return "elementwise"
+    return "local" if type(layer).__name__.startswith("LocallyConnected") else "other"

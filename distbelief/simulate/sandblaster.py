@@ -25,17 +25,20 @@ from distbelief.simulate.costs import Costs
 from distbelief.simulate.downpour import compute_seconds, replica_threads
 from distbelief.simulate.engine import World
 from distbelief.simulate.machines import Machines
-from distbelief.simulate.predict import Prediction, bottleneck
+from distbelief.simulate.outcome import Prediction, bottleneck
 from distbelief.simulate.workload import Workload
 
 
 class SandblasterRun:
-    def __init__(self, work: Workload, machines: Machines, costs: Costs):
+    def __init__(self, work: Workload, machines: Machines, costs: Costs, representative: bool = False):
         self.work, self.machines, self.costs = work, machines, costs
         self.env = simpy.Environment()
         self.world = World(self.env, machines, costs)
         self.replica_nodes, self.shard_nodes = machines.place(work.replicas, work.shards)
         self.sizes = work.layout.sizes()
+        # representative shard (large runs, as in simulate/downpour.py): shard 0 stands for all
+        self.modelled = [0] if representative and work.shards > 1 else list(range(work.shards))
+        self.others = work.shards - len(self.modelled)
         self.shard_lock = [simpy.Resource(self.env, capacity=1) for _ in self.sizes]
         self.shard_busy = [0.0] * len(self.sizes)
         portion = min(work.portion_size, work.lbfgs_batch)
@@ -43,7 +46,7 @@ class SandblasterRun:
         from dataclasses import replace
 
         threads = replica_threads(work, machines, work.replicas, self.replica_nodes)
-        self.portion_s = compute_seconds(replace(work, batch=portion), costs, threads)
+        self.portion_s = compute_seconds(replace(work, batch=portion), costs, threads, machines)
         self.compute_s = [0.0] * work.replicas
         self.wait_s = [0.0] * work.replicas
         self.computed = [0] * work.replicas  # portion copies computed (backups included)
@@ -64,10 +67,11 @@ class SandblasterRun:
         node, c = self.replica_nodes[r], self.costs
 
         def one(k):
+            yield from self.world.occupy(node, "up", self.others * 4 * self.sizes[k])
             yield from self.world.send(node, self.shard_nodes[k], 4 * self.sizes[k])
             yield from self._shard_work(k, c.call_s + c.update_s("sgd") * self.sizes[k])
 
-        return self.env.all_of([self.env.process(one(k)) for k in range(len(self.sizes))])
+        return self.env.all_of([self.env.process(one(k)) for k in self.modelled])
 
     def _fetch(self, r: int):
         node, c = self.replica_nodes[r], self.costs
@@ -75,16 +79,17 @@ class SandblasterRun:
         def one(k):
             yield from self._shard_work(k, c.call_s)
             yield from self.world.send(self.shard_nodes[k], node, 4 * self.sizes[k])
-            yield from self.world.copy(node, 4 * self.sizes[k])
+            yield from self.world.occupy(node, "down", self.others * 4 * self.sizes[k])
+            yield from self.world.copy(node, 4 * self.sizes[k] * (1 + self.others))
 
-        return self.env.all_of([self.env.process(one(k)) for k in range(len(self.sizes))])
+        return self.env.all_of([self.env.process(one(k)) for k in self.modelled])
 
     def _programs(self):
         """The coordinator's vector programs: ``2 * history + 6`` rounds over all shards."""
         c = self.costs
         for _ in range(2 * self.work.history + 6):
-            yield self.env.all_of([self.env.process(self._shard_work(k, c.call_s + c.update_s("sgd") * n))
-                                   for k, n in enumerate(self.sizes)])
+            yield self.env.all_of([self.env.process(self._shard_work(k, c.call_s + c.update_s("sgd") * self.sizes[k]))
+                                   for k in self.modelled])
 
     # ------------------------------------------------------------------ one gradient evaluation
     def _evaluation(self):

@@ -3,8 +3,11 @@
 A measurement is a record: the run's settings (RunConfig values), the machines it ran on, and what its summary
 measured (examples/s, mean staleness). Records come from
 
-- ``--run``: the one-node configurations of ``ONE_NODE`` run now, one after the other, on this machine (their
-  run directories and ``measured.json`` go in ``--out``);
+- ``--run``: the configurations of ``ONE_NODE`` run now, one after the other, on this machine, and, as root on
+  Linux, those of ``SHAPED`` on a 4-node shaped cluster (``distbelief cluster up``: two replica nodes of one CPU,
+  two shard nodes, every link shaped; all nodes on this machine's cores) at each of their link rates; every run
+  trains from scratch for ``RUN_SECONDS`` with the evaluation every 30 s (their run directories and
+  ``measured.json`` go in ``--out``);
 - ``--measured DIR``: a directory holding such a ``measured.json``, or a ``results.json`` of
   ``benchmarks/shaped_links.py`` (runs on the 4-node shaped cluster of ``distbelief cluster up``: two replica
   nodes, two shard nodes, every link shaped, all nodes on this machine's cores).
@@ -19,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,7 +40,7 @@ from distbelief.simulate.workload import Workload
 FIG4_TASK = {"task": "speech", "model": "speech-tiny", "num_classes": 8192, "class_prior": 1.0,
              "num_samples": 300000, "batch_size": 128, "eval_every_seconds": 30.0, "eval_samples": 3000,
              "train_eval_samples": 1000, "seed": 0}
-ONE_NODE_SECONDS = 25.0
+RUN_SECONDS = 25.0
 ONE_NODE = {
     "1node-downpour-1x1": {"replicas": 1, "shards": 1},
     "1node-downpour-2x2": {},
@@ -44,6 +48,18 @@ ONE_NODE = {
     "1node-downpour-2x2-n4": {"fetch_every": 4, "push_every": 4},
     "1node-downpour-2x2-topk-delta": {"compress": "topk", "compress_fetch": "delta"},
     "1node-sync-2x2": {"strategy": "sync"},
+}
+PAPER = {"model": "speech-paper", "num_classes": 8192, "batch_size": None, "eval_samples": 1000,
+         "train_eval_samples": 0}
+SHAPED = {  # name -> (link rate, settings over FIG4_TASK)
+    "shaped-1gbit-fig4-none": ("1gbit", {}),
+    "shaped-1gbit-fig4-topk-delta": ("1gbit", {"compress": "topk", "compress_fetch": "delta"}),
+    "shaped-1gbit-fig4-topk-fp16": ("1gbit", {"compress": "topk", "compress_fetch": "fp16"}),
+    "shaped-1gbit-fig4-powersgd-fp16": ("1gbit", {"compress": "powersgd", "compress_fetch": "fp16"}),
+    "shaped-1gbit-paper-none": ("1gbit", PAPER),
+    "shaped-1gbit-paper-topk-delta": ("1gbit", {**PAPER, "compress": "topk", "compress_fetch": "delta"}),
+    "shaped-10gbit-fig4-none": ("10gbit", {}),
+    "shaped-10gbit-fig4-topk-delta": ("10gbit", {"compress": "topk", "compress_fetch": "delta"}),
 }
 
 
@@ -77,7 +93,7 @@ def read_records(directory: str | Path) -> list[dict]:
                                   f"shaped-links results.json")
 
 
-def run_one_node(out: Path, log: Callable[[str], None], seconds: float = ONE_NODE_SECONDS) -> list[dict]:
+def run_one_node(out: Path, log: Callable[[str], None], seconds: float = RUN_SECONDS) -> list[dict]:
     """Train every ``ONE_NODE`` configuration for ``seconds`` on this machine; their records."""
     from distbelief.api import train_task
 
@@ -95,6 +111,43 @@ def run_one_node(out: Path, log: Callable[[str], None], seconds: float = ONE_NOD
                         "machines": {"nodes": 1, "cores_per_node": cores},
                         "examples_per_s": s["examples_per_s"], "staleness_mean": s.get("staleness_mean"),
                         "source": str(out / name / "summary.json")})
+    return records
+
+
+def run_shaped(out: Path, log: Callable[[str], None], seconds: float = RUN_SECONDS) -> list[dict]:
+    """Train every ``SHAPED`` configuration for ``seconds`` on a 4-node shaped cluster of this machine, one
+    cluster per link rate, the driver on node 0 (``distbelief train --address`` in its namespace); their
+    records. Linux and root only; the clusters are down again when this returns."""
+    from distbelief.runtime import netcluster
+
+    netcluster.require_root_linux()
+    records = []
+    for bandwidth in dict.fromkeys(bw for bw, _ in SHAPED.values()):
+        c = netcluster.up(nodes=4, bandwidth=bandwidth, cpus_per_node=1, shard_nodes=2, log=log)
+        try:
+            for name, (bw, extra) in SHAPED.items():
+                if bw != bandwidth:
+                    continue
+                settings = {k: v for k, v in {**FIG4_TASK, **extra}.items() if v is not None}
+                run_dir = out / name
+                flags = [f"--{k.replace('_', '-')}={v}" for k, v in settings.items()]
+                cmd = ["ip", "netns", "exec", c.nodes[0].netns, sys.executable, "-m", "distbelief.cli", "train",
+                       *flags, f"--max-seconds={seconds}", "--address", c.address, "--out", str(run_dir)]
+                log(f"validate: running {name} for {seconds:g} s")
+                t = time.monotonic()
+                with open(out / f"{name}.log", "w") as f:
+                    subprocess.run(cmd, check=True, stdout=f, stderr=subprocess.STDOUT, timeout=20 * seconds + 300,
+                                   env={**os.environ, "RAY_AUTH_MODE": "token"})
+                s = json.loads((run_dir / "summary.json").read_text())
+                log(f"validate: {name}: {s['examples_per_s']:,.0f} examples/s, staleness {s.get('staleness_mean')} "
+                    f"({time.monotonic() - t:.0f} s with start-up)")
+                records.append({"name": name, "settings": settings,
+                                "machines": {"nodes": 4, "cores_per_node": 1, "shared_cores": os.cpu_count() or 1,
+                                             "shard_nodes": 2, "bandwidth": parse_bandwidth(bandwidth)},
+                                "examples_per_s": s["examples_per_s"], "staleness_mean": s.get("staleness_mean"),
+                                "source": str(run_dir / "summary.json")})
+        finally:
+            netcluster.down(c.name, log=log)
     return records
 
 
@@ -171,6 +224,11 @@ def validate_command(args) -> int:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         ran = run_one_node(out, log)
+        if os.geteuid() == 0 and sys.platform.startswith("linux"):
+            ran += run_shaped(out, log)
+        else:
+            log("validate: not root on Linux: the shaped-cluster configurations are not run (read recorded ones "
+                "with --measured)")
         (out / "measured.json").write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "records": ran},
                                                       indent=1) + "\n")
         records += ran

@@ -23,10 +23,11 @@ TINY = dict(task="speech", model="speech-tiny", num_classes=8192, batch_size=128
 
 def free_costs(**changes) -> Costs:
     """Costs where nothing but what a test sets takes time (compute: 1 ms a step)."""
-    base = Costs(macs_per_s={"dense": 1e30, "local": 1e30, "other": 1e30}, step_s=1e-3, example_s=0.0,
+    base = Costs(macs_per_s={"dense": 1e30, "local": 1e30, "other": 1e30, "elementwise": 1e30}, step_s=1e-3,
+                 example_s=0.0,
                  thread_efficiency=0.0, compute_cv=0.0, update_s_per_value={"sgd": 0.0, "adagrad": 0.0},
                  call_s=0.0, copy_bytes_per_s=1e30, objstore_call_s=0.0, objstore_bytes_per_s=1e30,
-                 objstore_cpu_s_per_byte=0.0, link_efficiency=1.0, delta_s_per_value=0.0,
+                 objstore_cpu_s_per_byte=0.0, link_efficiency=1.0, link_object_s=0.0, delta_s_per_value=0.0,
                  encode_s_per_value={}, decode_s_per_value={})
     return dataclasses.replace(base, **changes)
 
@@ -91,12 +92,15 @@ def test_a_lone_replica_beside_its_shard_runs_at_its_compute_rate():
 
 
 def test_compute_time_is_the_calibrated_rate():
-    costs = free_costs(macs_per_s={"dense": 1e9, "local": 1, "other": 1}, step_s=0.002, example_s=1e-5)
+    costs = free_costs(macs_per_s={"dense": 1e9, "local": 1, "other": 1, "elementwise": 1e8}, step_s=0.002,
+                       example_s=1e-5)
     w = work()
-    macs = w.profile.macs["dense"]
-    assert compute_seconds(w, costs) == pytest.approx(0.002 + 128 * (1e-5 + 3 * macs / 1e9))
+    macs, units = w.profile.macs["dense"], w.profile.macs["elementwise"]
+    assert units == 256 + 256 + 8192  # two sigmoid layers, and the loss over 8192 outputs
+    per_example = 3 * macs / 1e9 + 3 * units / 1e8
+    assert compute_seconds(w, costs) == pytest.approx(0.002 + 128 * (1e-5 + per_example))
     two = dataclasses.replace(costs, thread_efficiency=0.5)
-    assert compute_seconds(w, two, threads=3) == pytest.approx(0.002 + 128 * (1e-5 + 3 * macs / 1e9 / 2))
+    assert compute_seconds(w, two, threads=3) == pytest.approx(0.002 + 128 * (1e-5 + per_example / 2))
 
 
 def test_a_link_bound_replica_moves_its_bytes_at_the_link_rate():

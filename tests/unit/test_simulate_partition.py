@@ -34,7 +34,7 @@ FREE_LINKS = Machines(cores_per_node=1)  # infinite bandwidth, no latency
 
 
 def costs(**kw) -> Costs:
-    return Costs(macs_per_s={"dense": 1e9, "local": 2e8, "other": 5e8}, step_s=1e-3, example_s=1e-5,
+    return Costs(macs_per_s={"dense": 1e9, "local": 2e8, "other": 5e8, "elementwise": 1e8}, step_s=1e-3, example_s=1e-5,
                  call_s=2e-4, **kw)
 
 

@@ -1,0 +1,168 @@
+"""Ray's costs, timed for the simulator's calibration (simulate/calibrate.py fits and records them).
+
+The engine's side of ``distbelief simulate --calibrate``: an actor call of the runtime's own ``RoleActor``; objects
+fetched between the object stores of two nodes of a fake cluster (two raylets on this machine, over loopback);
+the same between two nodes of a shaped cluster (runtime/netcluster.py). Every Ray instance and cluster started
+here is shut down before the function returns, on error too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import ray
+
+Log = Callable[[str], None]
+
+
+def ray_connected() -> bool:
+    return ray.is_initialized()
+
+
+def ray_version() -> str:
+    return ray.__version__
+
+
+def actor_call_times(role: type, role_args: tuple, method: str, method_args: tuple, repeats: int, warmup: int,
+                     settle: Callable[[], Any]) -> list[float]:
+    """Seconds of each of ``repeats`` Ray actor calls (after ``warmup`` untimed ones): the runtime's
+    ``RoleActor.call`` of ``role(*role_args).method(*method_args)``, on a local Ray started as a local run starts
+    it (``connect``). ``settle()`` runs before the timing (to let Ray's start-up work end)."""
+    from distbelief.runtime.ray_runtime import RoleActor, connect
+
+    connect(num_cpus=2)
+    try:
+        actor = RoleActor.options(num_cpus=0, max_concurrency=1).remote(1, role, *role_args)
+        ray.get(actor.call.remote(method, *method_args))
+        settle()
+        for _ in range(warmup):
+            ray.get(actor.call.remote(method, *method_args))
+        times = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            ray.get(actor.call.remote(method, *method_args))
+            times.append(time.perf_counter() - t)
+        return times
+    finally:
+        ray.shutdown()
+
+
+class _Producer:
+    """An actor on the far node: puts objects into its node's object store for the driver to fetch."""
+
+    def where(self) -> tuple[str, int]:
+        """This actor's node id and process id."""
+        return ray.get_runtime_context().get_node_id(), os.getpid()
+
+    def put(self, nbytes: int, count: int) -> list:
+        return [ray.put(np.full(nbytes // 4, i, np.float32)) for i in range(count)]  # in a list: not fetched
+
+
+def fetch_times(producer, sizes: Sequence[int], count: int, cpu: Callable[[], float] = lambda: 0.0
+                ) -> tuple[list[tuple[int, float]], float, float]:
+    """``(bytes, seconds)`` of each ``ray.get`` by this process of an object that ``producer`` (an actor on
+    another node) put, ``count`` objects of each of ``sizes``; and, over the gets of the largest size, what
+    ``cpu()`` (CPU seconds so far) grew by and the wall seconds they took."""
+    points, spent, wall = [], 0.0, 0.0
+    for nbytes in sizes:
+        refs = ray.get(producer.put.remote(nbytes, count))  # made and sealed there before any timing
+        cpu0, t0 = cpu(), time.perf_counter()
+        for ref in refs:
+            t = time.perf_counter()
+            value = ray.get(ref)
+            points.append((value.nbytes, time.perf_counter() - t))
+            del value
+        if nbytes == max(sizes):
+            spent, wall = cpu() - cpu0, time.perf_counter() - t0
+        del refs
+    return points, spent, wall
+
+
+def objstore_fetches(sizes: Sequence[int], count: int, warmup: int, settle: Callable[[], Any],
+                     cpu_seconds: Callable[[Sequence[int]], float]) -> dict[str, Any]:
+    """Ray's object store between two raylets (a fake two-node cluster on this machine, no link limit): the
+    driver, on the head node, fetches ``count`` objects of each of ``sizes`` that an actor on the other node
+    put. Also the CPU seconds (``cpu_seconds(pids)``) that the two raylets (each runs its node's object manager
+    and store), the driver and the actor spent during the largest objects' fetches, and what they spend idle
+    in as long (measured just before)."""
+    from distbelief.runtime.local_cluster import fake_cluster
+    from distbelief.runtime.ray_runtime import connect
+
+    store = 512 * 2**20
+    cluster = fake_cluster(num_cpus=1, object_store_memory=store, include_dashboard=False,
+                           _system_config={"enable_metrics_collection": False})
+    try:
+        cluster.add_node(num_cpus=1, resources={"calibrate_far": 1}, object_store_memory=store)
+        cluster.wait_for_nodes()
+        connect(address=cluster.address)
+        producer = ray.remote(_Producer).options(num_cpus=0, resources={"calibrate_far": 1}).remote()
+        far_node, far_pid = ray.get(producer.where.remote())
+        if far_node == ray.get_runtime_context().get_node_id():
+            raise RuntimeError("the object store probe landed on the driver's node: nothing would cross")
+        raylets = [node.all_processes["raylet"][0].process.pid for node in cluster.list_all_nodes()]
+        pids = [os.getpid(), far_pid, *raylets]
+        fetch_times(producer, sizes[:1], warmup)  # warm-up: the connections between the nodes
+        t0 = time.perf_counter()
+        settle()
+        waited = time.perf_counter() - t0
+        idle0, t0 = cpu_seconds(pids), time.perf_counter()
+        time.sleep(0.5)
+        idle_per_s = (cpu_seconds(pids) - idle0) / (time.perf_counter() - t0)
+        points, spent, wall = fetch_times(producer, sizes, count, lambda: cpu_seconds(pids))
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    return {"points": points, "cpu_s": spent, "wall_s": wall, "idle_cpu_per_s": idle_per_s,
+            "waited_quiet_s": waited}
+
+
+_LINK_PROBE = """
+import json, sys
+from distbelief.runtime.probes import link_probe
+print(json.dumps(link_probe(sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4]))))
+"""
+
+
+def link_probe(address: str, far_ip: str, sizes: Sequence[int], count: int) -> list[tuple[int, float]]:
+    """Run on node 0 of a shaped cluster (in its namespace): join the cluster, put an actor on the node at
+    ``far_ip`` and fetch ``count`` objects of each of ``sizes`` from it. Returns ``(bytes, seconds)`` per
+    fetch."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from distbelief.runtime.ray_runtime import connect
+
+    connect(address=address)
+    try:
+        far = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeManagerAddress"] == far_ip)
+        producer = ray.remote(_Producer).options(
+            num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(far, soft=False)).remote()
+        fetch_times(producer, sizes[:1], 1)  # warm-up
+        return fetch_times(producer, sizes, count)[0]
+    finally:
+        ray.shutdown()
+
+
+def link_fetches(sizes: Sequence[int], count: int, bandwidth: str, name: str, subnet: str,
+                 log: Log) -> tuple[list[tuple[int, float]], float]:
+    """``(bytes, seconds)`` of fetches between the two nodes of a shaped cluster (netcluster ``name`` on
+    ``subnet``, each link ``bandwidth``; the driver on node 0, the objects put on node 1), and the shaped rate in
+    bits/s. Needs root on Linux; the cluster is down again when this returns."""
+    from distbelief.runtime import netcluster
+
+    c = netcluster.up(name, nodes=2, bandwidth=bandwidth, cpus_per_node=1, subnet=subnet, log=log)
+    try:
+        r = subprocess.run(["ip", "netns", "exec", c.nodes[0].netns, sys.executable, "-c", _LINK_PROBE,
+                            c.address, c.nodes[1].ip, json.dumps(list(sizes)), str(count)], capture_output=True,
+                           text=True, timeout=300, env={**os.environ, "RAY_AUTH_MODE": "token"}, check=False)
+    finally:
+        netcluster.down(name, log=log)
+    if r.returncode != 0:
+        raise RuntimeError(f"the link probe failed (status {r.returncode}): {r.stderr.strip()[-2000:]}")
+    return [tuple(p) for p in json.loads(r.stdout.strip().splitlines()[-1])], c.bandwidth_bps

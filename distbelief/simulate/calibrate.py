@@ -1,0 +1,619 @@
+"""Measure the simulator's costs (simulate/costs.py) on this machine, with the project's own code paths.
+
+``calibrate(path, links=..., quick=..., log=...)`` times, in this order:
+
+- a replica's gradient step (``WholeModel.gradient`` with one torch thread, as a replica runs) on shipped
+  models of every layer kind at two minibatch sizes, and fits ``step_s``, ``example_s`` and ``macs_per_s`` to
+  the step times (``fit_steps``); ``compute_cv`` is their spread, ``thread_efficiency`` what a second thread
+  gains on the largest dense one;
+- a parameter shard's push (``ParameterShard.push``: its checks and the rule's update) per value, for SGD and
+  Adagrad, and its answer to a delta fetch (``fetch(since=...)``) per value of its range;
+- one copy of a large float32 buffer (what the shared-memory plane does to a push or a fetch);
+- every compression scheme on the Fig. 4 model's gradient in two shard ranges: the replica's compression with
+  error feedback (``ErrorFeedback.compress``) and the shards' decode, per value;
+- a Ray actor call with a tiny argument and reply (the runtime's ``RoleActor.call``, on a local Ray);
+- Ray's object store between two nodes of a fake cluster (``local_cluster.fake_cluster``: two raylets on this
+  machine, so objects move between two object stores, over loopback): the fetch times of objects of a few
+  sizes fitted to ``objstore_call_s + bytes / objstore_bytes_per_s`` (``fit_transfers``), and the CPU that
+  the processes at both ends spent per byte;
+- with ``links=True`` (root, Linux): the same fetches between the two nodes of a shaped cluster
+  (``runtime/netcluster.py``) at 1 Gbit/s, for ``link_efficiency``.
+
+Every Ray instance and cluster started here is shut down before ``calibrate`` returns, on error too. The fits
+are pure functions (``least_squares``, ``fit_steps``, ``fit_transfers``, ``thread_efficiency``); the medians
+they read are kept in ``Costs.measurements``, each with what the fitted costs say beside it, so a reader can
+check a fit.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from distbelief.simulate.costs import KINDS, Costs
+
+Log = Callable[[str], None]
+
+# (model, task, classes): every layer kind, and three dense models whose output layers (the loss's elementwise
+# work) and hidden layers differ in size, so that each kind's rate can be told apart
+STEP_MODELS = (("speech-tiny", "speech", 8192), ("speech-small", "speech", 256), ("mlp", "mnist1d", 10),
+               ("lc-image-small", "shapes", 8), ("cnn", "mnist1d", 10))
+STEP_BATCHES = (32, 128, 256)  # Downpour's default minibatch, the Fig. 4 recipe's, one towards Sandblaster's portions
+STEP_BLOCK = 5  # steps of one model timed in a row (after one untimed), as a replica repeats its step
+RULES = ("sgd", "adagrad")
+SCHEMES = ("fp16", "topk", "qsgd", "powersgd")
+COPY_BYTES = 32 * 2**20
+# Object sizes through the object store: ~200 KB (over Ray's 100 KiB limit for inline values, so it goes
+# through the store) shows the fixed cost, 1 MiB and 8 MiB the rate.
+OBJSTORE_SIZES = (200_000, 2**20, 8 * 2**20)
+LINK_SIZES = (4 * 2**20, 8 * 2**20)
+LINK_BANDWIDTH = "1gbit"
+LINK_CLUSTER = ("dbcal", "10.78.0")  # name and subnet of the shaped cluster: never a user's (dbnet, 10.77.0)
+DELTA_CHANGED = 0.01  # share of a delta fetch's range changed since the fetch it answers (top-k's default)
+
+
+@dataclass(frozen=True)
+class Effort:
+    """How many timed runs each measurement takes (after ``warmup`` untimed ones; the median is kept), and the
+    size of the shard timed."""
+
+    step: int
+    shard: int
+    codec: int
+    call: int
+    objects: int  # objects fetched per size
+    warmup: int
+    shard_values: int
+
+
+FULL = Effort(step=15, shard=15, codec=7, call=200, objects=16, warmup=2, shard_values=4 * 2**20)  # 16 MiB
+QUICK = Effort(step=4, shard=4, codec=3, call=50, objects=5, warmup=1, shard_values=2**20)
+
+
+# ------------------------------------------------------------------------------------------------------ fits
+
+
+@dataclass(frozen=True)
+class StepPoint:
+    """One measured replica step: ``batch`` examples of a model with forward multiply-adds ``macs`` per
+    example by layer kind (``profile_model``), ``seconds`` per step."""
+
+    batch: int
+    macs: dict[str, float]
+    seconds: float
+
+
+def least_squares(rows: Sequence[Sequence[float]], seconds: Sequence[float], names: Sequence[str],
+                  may_be_zero: Sequence[str] = ()) -> dict[str, float]:
+    """The coefficients (by ``names``) that make ``rows @ coefficients`` closest to ``seconds`` in relative
+    error (each measurement weighs as much as any other, however short), every one > 0 except those named in
+    ``may_be_zero``, which are >= 0.
+
+    The sign constraint is met exactly: every way of holding some of ``may_be_zero`` at 0 is solved and the
+    feasible one with the smallest error is kept (a constrained optimum is the unconstrained optimum of the
+    coefficients it leaves free).
+
+    Raises:
+        ValueError: lengths that do not match, a time not finite and > 0, fewer measurements than
+            coefficients, a coefficient the measurements cannot tell from the others (named), or no fit with
+            every coefficient of the right sign.
+    """
+    names = list(names)
+    a = np.asarray(rows, dtype=np.float64)
+    t = np.asarray(seconds, dtype=np.float64)
+    if a.ndim != 2 or a.shape[0] != t.size or a.shape[1] != len(names):
+        raise ValueError(f"need one row of {len(names)} values ({', '.join(names)}) per time; got rows of "
+                         f"shape {a.shape} for {t.size} times")
+    if not (np.isfinite(t).all() and (t > 0).all() and np.isfinite(a).all()):
+        raise ValueError("every time must be finite and > 0, and every row finite")
+    unknown = [n for n in may_be_zero if n not in names]
+    if unknown:
+        raise ValueError(f"may_be_zero names {', '.join(unknown)}, not among {', '.join(names)}")
+    if t.size < len(names):
+        raise ValueError(f"{t.size} measurements cannot fix {len(names)} coefficients ({', '.join(names)})")
+    _check_separable(a, names)
+    w = a / t[:, None]  # relative error: (rows @ x - t) / t = w @ x - 1
+    scale = np.abs(w).max(axis=0)  # columns of one size for the solver
+    best: tuple[float, np.ndarray] | None = None
+    for k in range(len(may_be_zero) + 1):
+        for zeros in itertools.combinations(may_be_zero, k):
+            free = [i for i, n in enumerate(names) if n not in zeros]
+            x = np.zeros(len(names))
+            x[free] = np.linalg.lstsq(w[:, free] / scale[free], np.ones(t.size), rcond=None)[0] / scale[free]
+            err = float(np.sum((w @ x - 1) ** 2))
+            if (x[free] > 0).all() and (best is None or err < best[0]):  # the others are 0: allowed
+                best = (err, x)
+    if best is None:
+        raise ValueError(f"no fit of {', '.join(names)} with positive coefficients: the times do not grow "
+                         f"with the work (too noisy, or too few repeats)")
+    return dict(zip(names, best[1].tolist(), strict=True))
+
+
+def _check_separable(a: np.ndarray, names: list[str]) -> None:
+    """ValueError naming the first coefficient whose column the columns before it already explain."""
+    peak = np.abs(a).max(axis=0)
+    norm = a / np.where(peak > 0, peak, 1.0)
+    for j, name in enumerate(names):
+        if peak[j] == 0:
+            raise ValueError(f"no measurement exercises {name} (its column is all zero)")
+        if np.linalg.matrix_rank(norm[:, : j + 1]) <= j:
+            raise ValueError(f"the measurements cannot tell {name} from {', '.join(names[:j])}: vary what "
+                             f"they multiply independently")
+
+
+def fit_steps(points: Sequence[StepPoint]) -> tuple[float, float, dict[str, float]]:
+    """``(step_s, example_s, macs_per_s)`` such that a step costs ``step_s + batch * (example_s + 3 *
+    sum(macs[kind] / macs_per_s[kind]))`` (simulate/costs.py: forward one multiply-add per weight use,
+    backward two), fitted to ``points`` in relative error; ``step_s`` and ``example_s`` may come out 0, the
+    rates are finite. Needs each kind's multiply-adds in some point, and points that tell the per-step,
+    per-example and per-kind terms apart (two batch sizes; models that mix the kinds differently)."""
+    names = ["step_s", "example_s", *KINDS]
+    rows = [[1.0, p.batch, *(3.0 * p.batch * p.macs.get(k, 0.0) for k in KINDS)] for p in points]
+    x = least_squares(rows, [p.seconds for p in points], names, may_be_zero=("step_s", "example_s"))
+    return x["step_s"], x["example_s"], {k: 1.0 / x[k] for k in KINDS}
+
+
+def step_seconds(step_s: float, example_s: float, macs_per_s: dict[str, float], p: StepPoint) -> float:
+    """What the costs say point ``p``'s step takes (the simulator's formula)."""
+    return step_s + p.batch * (example_s + 3.0 * sum(m / macs_per_s[k] for k, m in p.macs.items() if m))
+
+
+def thread_efficiency(one_s: float, many_s: float, threads: int, fixed_s: float) -> float:
+    """``thread_efficiency`` (simulate/costs.py: with ``t`` threads the multiply-adds go ``1 + (t - 1) *
+    efficiency`` times faster) from a step timed with one thread (``one_s``) and with ``threads``
+    (``many_s``), less the part no thread speeds up (``fixed_s``: ``step_s + batch * example_s``); in [0, 1].
+
+    Raises:
+        ValueError: fewer than 2 threads, or a step no longer than its fixed part."""
+    if threads < 2:
+        raise ValueError(f"needs a step timed with 2 threads or more, got {threads}")
+    if min(one_s, many_s) <= fixed_s:
+        raise ValueError(f"the steps ({one_s:.3g} s with 1 thread, {many_s:.3g} s with {threads}) must be "
+                         f"longer than their fixed part ({fixed_s:.3g} s)")
+    speedup = (one_s - fixed_s) / (many_s - fixed_s)
+    return min(1.0, max(0.0, (speedup - 1) / (threads - 1)))
+
+
+def fit_transfers(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """``(call_s, bytes_per_s)`` such that moving ``b`` bytes takes ``call_s + b / bytes_per_s``, fitted to
+    ``(bytes, seconds)`` points in relative error (``call_s`` may come out 0). Needs two sizes or more."""
+    x = least_squares([[1.0, b] for b, _ in points], [s for _, s in points], ["call_s", "s_per_byte"],
+                      may_be_zero=("call_s",))
+    return x["call_s"], 1.0 / x["s_per_byte"]
+
+
+# --------------------------------------------------------------------------------------------------- timing
+
+
+def run_times(fn: Callable[[], Any], repeats: int, warmup: int) -> list[float]:
+    """Wall seconds of each of ``repeats`` runs of ``fn()``, after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def interleaved_times(fns: Sequence[Callable[[], Any]], repeats: int, warmup: int, block: int = 1
+                      ) -> list[list[float]]:
+    """Wall seconds of ``repeats`` runs of each of ``fns`` (after ``warmup`` untimed ones each), taken in
+    rounds: a stretch when the machine runs slower (a virtual machine's neighbours, a background job) falls on
+    every function alike instead of on whichever was being timed. In each round each function runs ``block``
+    times in a row after one untimed run, so that it finds the caches as a replica repeating its step does, not
+    as the previous function left them (a replica runs one model's step over and over: a block of 5 times what
+    it does, one timed run after a switch is up to 40 % slower here)."""
+    for fn in fns:
+        run_times(fn, 0, warmup)
+    times: list[list[float]] = [[] for _ in fns]
+    rounds = -(-repeats // block)
+    for _ in range(rounds):
+        for fn, out in zip(fns, times, strict=True):
+            out.extend(run_times(fn, block, 1))
+    return times
+
+
+def median_time(fn: Callable[[], Any], repeats: int, warmup: int) -> float:
+    """Median wall seconds of ``fn()`` over ``repeats`` runs after ``warmup`` untimed ones."""
+    return statistics.median(run_times(fn, repeats, warmup))
+
+
+def busy_seconds() -> float:
+    """CPU seconds this machine has been busy since boot, every core and process (/proc/stat: user, nice,
+    system, irq and softirq time)."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq = (int(v) for v in fields[:7])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_seconds(pids: Sequence[int]) -> float:
+    """User and system CPU seconds that processes ``pids`` have spent so far (/proc/PID/stat; the kernel's
+    work on their sockets, loopback included, is their system time)."""
+    ticks = 0
+    for pid in pids:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        fields = stat[stat.rindex(")") + 2:].split()  # after the command name, which may hold spaces
+        ticks += int(fields[11]) + int(fields[12])  # utime and stime: fields 14 and 15 of the line
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def busy_cores(window_s: float) -> float:
+    """How many cores this machine keeps busy, on average over the next ``window_s`` seconds."""
+    before, t0 = busy_seconds(), time.perf_counter()
+    time.sleep(window_s)
+    return (busy_seconds() - before) / (time.perf_counter() - t0)
+
+
+def wait_quiet(background: float, max_s: float = 15.0, margin: float = 0.25, window_s: float = 0.25) -> float:
+    """Wait until this machine keeps less than ``background + margin`` cores busy over a ``window_s`` window
+    (``background``: what it kept busy before we started Ray), at most ``max_s``; returns the seconds waited.
+    Ray starts and imports worker processes in the background for seconds after it is up: timings taken
+    meanwhile would count their work too (on two cores, a lot)."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < max_s and busy_cores(window_s) >= background + margin:
+        pass
+    return time.perf_counter() - t0
+
+
+def machine_name() -> str:
+    """The CPU model (/proc/cpuinfo's "model name"; the platform's processor where it has none)."""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+# ----------------------------------------------------------------------------------------- replica compute
+
+
+def _step_source(model: str, task: str, classes: int, batch: int, seed: int = 0):
+    """A replica's gradient source for ``model`` and a random minibatch of ``batch`` inputs of the task's
+    shape: ``(source, x, y)``."""
+    import torch
+    import torch.nn.functional as F
+
+    from distbelief.downpour.replica import WholeModel
+    from distbelief.models import build_model
+    from distbelief.simulate.profile import TASK_INPUT
+
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, *TASK_INPUT[task], generator=gen)
+    y = torch.randint(0, classes, (batch,), generator=gen)
+    return WholeModel(0, build_model(model, TASK_INPUT[task], classes), F.cross_entropy), x, y
+
+
+def measure_steps(rep: Effort, log: Log) -> list[tuple[str, StepPoint, float]]:
+    """Median seconds of ``WholeModel.gradient`` (zero the gradient, forward, cross-entropy, backward: the
+    replica's step without its fetch and push) for each of ``STEP_MODELS`` at each of ``STEP_BATCHES``, on
+    random inputs of the task's shape, timed in rounds (``interleaved_times``); with the model's
+    multiply-adds from ``profile_model``, and the step times' coefficient of variation (standard deviation /
+    mean: ``compute_cv``)."""
+    from distbelief.simulate.profile import profile_model
+
+    cases = [(model, task, classes, batch) for model, task, classes in STEP_MODELS for batch in STEP_BATCHES]
+    steps = [partial(source.gradient, x, y) for source, x, y in (_step_source(*case) for case in cases)]
+    runs = interleaved_times(steps, rep.step, rep.warmup, block=STEP_BLOCK)
+    out = []
+    for (model, task, classes, batch), times in zip(cases, runs, strict=True):
+        seconds, cv = statistics.median(times), statistics.stdev(times) / statistics.fmean(times)
+        log(f"step {model} ({task}, {classes} classes) batch {batch}: {seconds * 1e3:.2f} ms (variation "
+            f"{cv:.1%})")
+        out.append((model, StepPoint(batch, dict(profile_model(model, task, classes).macs), seconds), cv))
+    return out
+
+
+def measure_threads(rep: Effort, log: Log) -> dict[str, Any] | None:
+    """Median seconds of the Fig. 4 model's step (speech-tiny, 8192 classes, 128 examples) with one torch thread
+    and with two, in interleaved blocks (``interleaved_times``: a slow stretch of the machine falls on both
+    alike): how much a second thread speeds a replica's multiply-adds (``thread_efficiency``). None on a
+    machine with one core."""
+    import torch
+
+    threads = 2
+    if (os.cpu_count() or 1) < threads:
+        return None
+    batch = 128
+    source, x, y = _step_source("speech-tiny", "speech", 8192, batch)
+
+    def step(t):
+        torch.set_num_threads(t)
+        source.gradient(x, y)
+
+    one, many = interleaved_times([partial(step, 1), partial(step, threads)], 2 * rep.step, rep.warmup,
+                                  block=STEP_BLOCK)
+    torch.set_num_threads(1)
+    out = {"model": "speech-tiny", "classes": 8192, "batch": batch, "threads": threads,
+           "macs": dict(_profile("speech-tiny", "speech", 8192).macs),
+           "one_s": statistics.median(one), "many_s": statistics.median(many)}
+    log(f"step speech-tiny batch {batch}: {out['one_s'] * 1e3:.2f} ms with 1 thread, "
+        f"{out['many_s'] * 1e3:.2f} ms with {threads}")
+    return out
+
+
+def _profile(model: str, task: str, classes: int):
+    from distbelief.simulate.profile import profile_model
+
+    return profile_model(model, task, classes)
+
+
+# ----------------------------------------------------------------------------------------- parameter shards
+
+
+def _shard(n: int, rule: str):
+    from distbelief.ps.rules import make_rule
+    from distbelief.ps.shard import ParameterShard
+
+    return ParameterShard(0, 0, n, np.zeros(n, np.float32), make_rule(rule, lr=1e-3), n)
+
+
+def measure_updates(rep: Effort, log: Log) -> dict[str, float]:
+    """Median seconds of ``ParameterShard.push`` of a dense gradient covering the shard's ``n`` values (the
+    finiteness check, the staleness bookkeeping, the rule's update in place), per rule."""
+    n = rep.shard_values
+    g = np.random.default_rng(0).standard_normal(n, dtype=np.float32) * np.float32(1e-3)
+    out = {}
+    for rule in RULES:
+        shard = _shard(n, rule)
+        out[rule] = median_time(lambda s=shard: s.push(0, g, 0, s.version, 32), rep.shard, rep.warmup)
+        log(f"shard update {rule}: {out[rule] * 1e3:.2f} ms for {n:,} values = {out[rule] / n * 1e9:.3f} "
+            f"ns/value")
+    return out
+
+
+def measure_delta(rep: Effort, log: Log) -> float:
+    """Median seconds for ``ParameterShard.fetch(since=...)`` to answer a delta fetch (``--compress-fetch
+    delta``) from a shard of ``n`` values: scan each value's last-changed version, gather those changed since
+    the caller's last fetch; here ``DELTA_CHANGED`` of them, changed by one sparse push (as top-k sends)."""
+    n = rep.shard_values
+    shard = _shard(n, "sgd")
+    shard.fetch(since=("", -1))  # the first delta fetch: the shard starts tracking changes
+    since = (shard.token, shard.version)
+    g = np.zeros(n, np.float32)
+    changed = np.random.default_rng(1).choice(n, int(n * DELTA_CHANGED), replace=False)
+    g[changed] = 1e-3
+    shard.push(0, g, 0, shard.version)
+    fetched, _ = shard.fetch(since=since)
+    if fetched.idx is None or fetched.idx.size != changed.size:
+        raise RuntimeError(f"the delta fetch sent {fetched.values.size} values, not the {changed.size} "
+                           f"changed")
+    seconds = median_time(lambda: shard.fetch(since=since), rep.shard, rep.warmup)
+    log(f"delta fetch: {seconds * 1e3:.2f} ms for {n:,} values ({DELTA_CHANGED:.0%} changed) = "
+        f"{seconds / n * 1e9:.3f} ns/value")
+    return seconds
+
+
+def measure_copy(rep: Effort, log: Log) -> float:
+    """Median seconds of one copy of a ``COPY_BYTES`` float32 buffer into another (``np.copyto``): what the
+    shared-memory plane does to a push or a fetch between two processes of one node."""
+    src = np.ones(COPY_BYTES // 4, np.float32)
+    dst = np.zeros_like(src)
+    seconds = median_time(lambda: np.copyto(dst, src), rep.shard, rep.warmup)
+    log(f"copy: {COPY_BYTES / 2**20:.0f} MiB in {seconds * 1e3:.2f} ms = {COPY_BYTES / seconds / 1e9:.2f} "
+        f"GB/s")
+    return seconds
+
+
+# -------------------------------------------------------------------------------------------- compression
+
+
+def measure_codecs(rep: Effort, log: Log) -> tuple[dict[str, float], dict[str, float], int]:
+    """Median seconds, per scheme with its defaults, to compress a real gradient of the Fig. 4 model
+    (speech-tiny, 8192 classes; 2 shard ranges) as a replica does before each push
+    (``ErrorFeedback.compress``: add the residual, the codec's ``encode``, keep the new residual) and to
+    decode every shard's part as the shards do (``codec_class(name).decode``). Returns (compress, decode, the
+    gradient's values)."""
+    from distbelief.compression import ErrorFeedback, codec_class, make_codec
+    from distbelief.compression.powersgd import tensor_layout
+    from distbelief.ps.sharding import ShardLayout
+
+    source, x, y = _step_source("speech-tiny", "speech", 8192, 32)
+    source.gradient(x, y)
+    g, model = source.grads.clone(), source.model
+    n = g.numel()
+    layout = ShardLayout.balanced(n, 2)
+    ranges = [layout.range(k) for k in range(layout.num_shards)]
+    encode, decode = {}, {}
+    for name in SCHEMES:
+        feedback = ErrorFeedback(make_codec(name, ranges, tensor_layout(model)), n)
+        encode[name] = median_time(partial(feedback.compress, g), rep.codec, rep.warmup)
+        parts = feedback.last_parts
+        decode[name] = median_time(partial(_decode_all, codec_class(name).decode, parts, ranges), rep.codec,
+                                   rep.warmup)
+        log(f"compression {name}: encode {encode[name] * 1e3:.2f} ms, decode {decode[name] * 1e3:.2f} ms for "
+            f"{n:,} values = {encode[name] / n * 1e9:.2f} / {decode[name] / n * 1e9:.2f} ns/value")
+    return encode, decode, n
+
+
+def _decode_all(decode: Callable, parts: list, ranges: list[tuple[int, int]]) -> list:
+    return [decode(part, lo, hi) for part, (lo, hi) in zip(parts, ranges, strict=True)]
+
+
+# ---------------------------------------------------------------------------------------------------- Ray
+
+
+def measure_call(rep: Effort, background: float, log: Log) -> float:
+    """Median seconds of one Ray actor call with a tiny argument and reply (runtime/probes.py): a 16-value
+    parameter shard's ``fetch``, through the runtime's own actor."""
+    from distbelief.ps.rules import make_rule
+    from distbelief.ps.shard import ParameterShard
+    from distbelief.runtime.probes import actor_call_times
+
+    shard_args = (0, 0, 16, np.zeros(16, np.float32), make_rule("sgd", lr=0.1), 16)
+    seconds = statistics.median(actor_call_times(ParameterShard, shard_args, "fetch", (0,), rep.call,
+                                                 rep.call // 10, lambda: wait_quiet(background)))
+    log(f"Ray actor call: {seconds * 1e3:.3f} ms")
+    return seconds
+
+
+def _median_by_size(points: Sequence[Sequence[float]]) -> list[tuple[int, float]]:
+    sizes = sorted({int(b) for b, _ in points})
+    return [(b, statistics.median(s for bb, s in points if bb == b)) for b in sizes]
+
+
+def measure_objstore(rep: Effort, background: float, log: Log) -> dict[str, Any]:
+    """Ray's object store between two raylets (runtime/probes.py ``objstore_fetches``): ``call_s`` and
+    ``bytes_per_s`` fitted to the median time of each size; ``cpu_s_per_byte``: the CPU that the two raylets,
+    the driver and the actor spent during the largest objects' fetches, less what they spend idle in as long,
+    per byte moved: both ends' work together."""
+    from distbelief.runtime.probes import objstore_fetches
+
+    r = objstore_fetches(OBJSTORE_SIZES, rep.objects, rep.warmup, lambda: wait_quiet(background),
+                         process_cpu_seconds)
+    medians = _median_by_size(r["points"])
+    call_s, rate = fit_transfers(medians)
+    moved = max(OBJSTORE_SIZES) // 4 * 4 * rep.objects
+    busy = max(0.0, r["cpu_s"] - r["idle_cpu_per_s"] * r["wall_s"])
+    for b, s in medians:
+        log(f"object store fetch {b / 1e6:.2f} MB: {s * 1e3:.2f} ms")
+    log(f"object store: {call_s * 1e3:.2f} ms per object + {rate / 1e9:.3f} GB/s; CPU {busy:.2f} s for "
+        f"{moved / 1e6:.0f} MB = {busy / moved * 1e9:.3f} ns/byte")
+    return {"call_s": call_s, "bytes_per_s": rate, "cpu_s_per_byte": busy / moved, "medians": medians,
+            "cpu": {"cpu_s": r["cpu_s"], "wall_s": r["wall_s"], "idle_cpu_per_s": r["idle_cpu_per_s"],
+                    "bytes": moved, "waited_quiet_s": r["waited_quiet_s"]}}
+
+
+# ------------------------------------------------------------------------------------------- shaped links
+
+
+def measure_links(rep: Effort, log: Log) -> dict[str, Any]:
+    """``link_efficiency``: the object store's rate between the two nodes of a shaped cluster (runtime/probes.py
+    ``link_fetches``, each link ``LINK_BANDWIDTH``), fitted as the object store's is, over the shaped rate (at
+    most 1). Needs root on Linux."""
+    from distbelief.runtime.probes import link_fetches
+
+    name, subnet = LINK_CLUSTER
+    points, bandwidth_bps = link_fetches(LINK_SIZES, rep.objects, LINK_BANDWIDTH, name, subnet, log)
+    medians = _median_by_size(points)
+    call_s, rate = fit_transfers(medians)
+    efficiency = min(1.0, rate / (bandwidth_bps / 8))
+    for b, s in medians:
+        log(f"shaped link fetch {b / 1e6:.2f} MB: {s * 1e3:.2f} ms")
+    log(f"shaped link ({LINK_BANDWIDTH}): {call_s * 1e3:.2f} ms per object + {rate * 8 / 1e9:.3f} Gbit/s = "
+        f"{efficiency:.0%} of the shaped rate")
+    return {"bandwidth": LINK_BANDWIDTH, "call_s": call_s, "bytes_per_s": rate, "efficiency": efficiency,
+            "medians": medians}
+
+
+# ------------------------------------------------------------------------------------------------ calibrate
+
+
+def _sized(medians: Sequence[tuple[int, float]], call_s: float, bytes_per_s: float) -> list[dict]:
+    return [{"bytes": b, "seconds": s, "fit_seconds": call_s + b / bytes_per_s} for b, s in medians]
+
+
+def _refuse_unless_ready(links: bool) -> None:
+    """RuntimeError (or netcluster's error for ``links``) where calibrating cannot work, before any timing."""
+    from distbelief.runtime.probes import ray_connected
+
+    if not Path("/proc/stat").is_file():
+        raise RuntimeError("calibrate reads CPU times from /proc (Linux); on this system write a costs file "
+                           "by hand (see distbelief/simulate/costs.py)")
+    if ray_connected():
+        raise RuntimeError("calibrate starts and stops Ray instances of its own: call it in a process that "
+                           "is not connected to Ray (ray.shutdown() first)")
+    if links:
+        from distbelief.runtime.netcluster import require_root_linux
+
+        require_root_linux()
+
+
+def _fit_compute(steps: list[tuple[str, StepPoint, float]], scaling: dict | None, log: Log
+                 ) -> tuple[dict[str, Any], list[dict]]:
+    """The replica compute costs from ``measure_steps`` and ``measure_threads`` (whose record gains its
+    ``efficiency``): ``step_s``, ``example_s``, ``macs_per_s``, ``compute_cv`` (the median over the steps
+    timed) and, with two cores or more, ``thread_efficiency``; and the record of each step timed, with what
+    the fit says it takes."""
+    step_s, example_s, macs_per_s = fit_steps([p for _, p, _ in steps])
+    out = {"step_s": step_s, "example_s": example_s, "macs_per_s": macs_per_s,
+           "compute_cv": statistics.median(cv for _, _, cv in steps)}
+    log(f"step fit: {step_s * 1e3:.3f} ms per step + {example_s * 1e6:.2f} us per example; "
+        + ", ".join(f"{k} {macs_per_s[k] / 1e9:.2f} GMAC/s" for k in KINDS)
+        + f"; variation {out['compute_cv']:.1%}")
+    if scaling is not None:
+        scaling["efficiency"] = out["thread_efficiency"] = thread_efficiency(
+            scaling["one_s"], scaling["many_s"], scaling["threads"], step_s + scaling["batch"] * example_s)
+        log(f"thread efficiency: a second thread adds {scaling['efficiency']:.0%} of one")
+    record = [{"model": m, "batch": p.batch, "macs": p.macs, "seconds": p.seconds, "cv": cv,
+               "fit_seconds": step_seconds(step_s, example_s, macs_per_s, p)} for m, p, cv in steps]
+    return out, record
+
+
+def calibrate(path: str | Path | None = None, *, links: bool = False, quick: bool = False,
+              log: Log = print) -> Costs:
+    """Measure every field of ``Costs`` on this machine (see the module's docstring), log one line per
+    measurement, and return them; saved to ``path`` (``Costs.save``) when given. ``links``: also
+    ``link_efficiency``, on a shaped cluster (root on Linux; without it the dataclass's default stays).
+    ``quick``: fewer repeats and a smaller shard (for tests). Runs with one torch thread, as replicas and
+    shards do, in a process not connected to Ray. Linux only (CPU times come from /proc): elsewhere, write a
+    costs file by hand (simulate/costs.py)."""
+    import torch
+
+    from distbelief.runtime.probes import ray_version
+
+    _refuse_unless_ready(links)
+    rep = QUICK if quick else FULL
+    n = rep.shard_values
+    started, threads = time.perf_counter(), torch.get_num_threads()
+    background = busy_cores(0.5)
+    if background > 0.25:
+        log(f"note: {background:.1f} of this machine's {os.cpu_count()} cores are busy with other work: the "
+            f"timings will be slower than on a quiet machine")
+    torch.set_num_threads(1)
+    try:
+        steps = measure_steps(rep, log)
+        scaling = measure_threads(rep, log)
+        updates = measure_updates(rep, log)
+        delta = measure_delta(rep, log)
+        copy = measure_copy(rep, log)
+        encode, decode, codec_values = measure_codecs(rep, log)
+    finally:
+        torch.set_num_threads(threads)
+    compute, steps_record = _fit_compute(steps, scaling, log)
+    call_s = measure_call(rep, background, log)
+    objstore = measure_objstore(rep, background, log)
+    costs = Costs(
+        machine=machine_name(), date=dt.date.today().isoformat(), cpus=os.cpu_count() or 1, **compute,
+        update_s_per_value={r: s / n for r, s in updates.items()}, call_s=call_s,
+        copy_bytes_per_s=COPY_BYTES / copy, objstore_call_s=objstore["call_s"],
+        objstore_bytes_per_s=objstore["bytes_per_s"], objstore_cpu_s_per_byte=objstore["cpu_s_per_byte"],
+        link_object_s=objstore["call_s"],  # (the shaped link's own, with links=True)
+        encode_s_per_value={k: s / codec_values for k, s in encode.items()},
+        decode_s_per_value={k: s / codec_values for k, s in decode.items()}, delta_s_per_value=delta / n)
+    measurements: dict[str, Any] = {
+        "steps": steps_record,
+        "threads": scaling,  # None: one core, thread_efficiency is the default
+        "shard_values": n, "update_s": updates, "delta_s": delta, "delta_changed": DELTA_CHANGED,
+        "copy": {"bytes": COPY_BYTES, "seconds": copy},
+        "codec_values": codec_values, "compress_s": encode, "decode_s": decode,
+        "call_s": call_s,
+        "objstore": _sized(objstore["medians"], objstore["call_s"], objstore["bytes_per_s"]),
+        "objstore_cpu": objstore["cpu"],
+    }
+    if links:
+        link = measure_links(rep, log)
+        costs.link_efficiency = link["efficiency"]
+        costs.link_object_s = link["call_s"]
+        measurements["links"] = {**link,
+                                 "medians": _sized(link["medians"], link["call_s"], link["bytes_per_s"])}
+    measurements.update(quick=quick, seconds=time.perf_counter() - started, background_cores=background,
+                        torch=torch.__version__, ray=ray_version(), python=platform.python_version())
+    costs.measurements = measurements
+    costs.check("calibration")
+    log(f"calibrated in {measurements['seconds']:.0f} s")
+    if path is not None:
+        costs.save(path)
+        log(f"wrote {path}")
+    return costs

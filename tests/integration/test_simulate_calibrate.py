@@ -1,0 +1,64 @@
+"""``calibrate`` (distbelief/simulate/calibrate.py) measures every cost on this machine with the project's
+code paths, Ray and a fake two-node cluster included, leaves no Ray behind, and writes a file that ``Costs``
+reads back."""
+
+import json
+import math
+
+import pytest
+import ray
+
+from distbelief.simulate.calibrate import calibrate
+from distbelief.simulate.costs import Costs
+
+pytestmark = [pytest.mark.ray]
+
+# Costs.check's rules: these divide (> 0); every other number may be 0 but not negative
+RATES = ("copy_bytes_per_s", "objstore_bytes_per_s", "link_efficiency")
+
+
+def _numbers(costs: Costs) -> dict[str, float]:
+    """Every cost as ``field`` or ``field[key]``."""
+    out = {}
+    for name, value in costs.to_json().items():
+        if name in ("machine", "date", "measurements"):
+            continue
+        items = value.items() if isinstance(value, dict) else [(None, value)]
+        out.update({name if k is None else f"{name}[{k}]": v for k, v in items})
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_quick_calibration_measures_every_cost_and_reads_back(tmp_path):
+    ray.shutdown()
+    path = tmp_path / "costs.json"
+    lines = []
+    costs = calibrate(path, quick=True, log=lines.append)
+
+    assert not ray.is_initialized()
+    numbers = _numbers(costs)
+    assert set(numbers) >= {"macs_per_s[dense]", "macs_per_s[local]", "macs_per_s[other]",
+                            "update_s_per_value[sgd]", "update_s_per_value[adagrad]",
+                            *(f"{d}_s_per_value[{s}]" for d in ("encode", "decode")
+                              for s in ("fp16", "topk", "qsgd", "powersgd"))}
+    for name, value in numbers.items():
+        assert isinstance(value, (int, float)) and math.isfinite(value), (name, value)
+        positive = name in RATES or name == "cpus" or name.startswith("macs_per_s")
+        assert value > 0 if positive else value >= 0, (name, value)
+    # what the fits cannot leave at 0: a measured time per call, per value or per byte
+    for name in ("call_s", "objstore_call_s", "objstore_cpu_s_per_byte", "delta_s_per_value",
+                 "update_s_per_value[sgd]", "update_s_per_value[adagrad]"):
+        assert numbers[name] > 0, name
+    assert costs.machine and costs.date and costs.cpus >= 1
+    m = costs.measurements
+    assert len(m["steps"]) == 8 and len(m["objstore"]) == 3 and m["quick"] is True
+    assert costs.compute_cv > 0 and m["threads"]["efficiency"] == costs.thread_efficiency  # 2 cores or more
+    assert m["seconds"] < 120
+
+    assert Costs.from_json(json.loads(path.read_text()), str(path)) == costs
+    # one line per measurement: 8 steps, one with 1 and 2 threads, their fit; 2 rules; 4 schemes; 3 object
+    # sizes and their fit
+    counts = {"step ": 8 + 1 + 1, "thread efficiency": 1, "shard update": 2, "delta fetch": 1, "copy": 1,
+              "compression": 4, "Ray actor call": 1, "object store": 3 + 1}
+    assert {k: sum(line.startswith(k) for line in lines) for k in counts} == counts
