@@ -77,7 +77,9 @@ class Effort:
     shard_values: int
 
 
-FULL = Effort(step=15, shard=15, codec=7, call=200, objects=16, warmup=2, shard_values=4 * 2**20)  # 16 MiB
+# a shard of 1 Mi values (4 MiB, about a Fig. 4 shard's 1.14 M): what a shard's update costs depends on whether its
+# range stays in the caches, so it is timed at the size shards have in the runs it predicts
+FULL = Effort(step=15, shard=15, codec=7, call=200, objects=16, warmup=2, shard_values=2**20)
 QUICK = Effort(step=4, shard=4, codec=3, call=50, objects=5, warmup=1, shard_values=2**20)
 
 
@@ -343,6 +345,39 @@ def measure_threads(rep: Effort, log: Log) -> dict[str, Any] | None:
     return out
 
 
+def measure_contention(rep: Effort, log: Log) -> dict[str, Any] | None:
+    """How much slower the Fig. 4 model's step (one torch thread, 128 examples) runs when every core runs one at
+    the same time (each in a thread of its own, on a model of its own: the kernels release the GIL), against one
+    alone: replicas beside each other share the memory bus and the caches (``contention``). None on one
+    core."""
+    import threading
+
+    cores = os.cpu_count() or 1
+    if cores < 2:
+        return None
+    steps = [_step_source("speech-tiny", "speech", 8192, 128, seed=i) for i in range(cores)]
+    fns = [partial(src.gradient, x, y) for src, x, y in steps]
+    alone = statistics.median(interleaved_times(fns[:1], 2 * rep.step, rep.warmup, block=STEP_BLOCK)[0])
+    start = threading.Barrier(cores)
+    together: list[list[float]] = [[] for _ in fns]
+
+    def run(i):
+        start.wait()
+        together[i].extend(run_times(fns[i], 2 * rep.step, rep.warmup))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(cores)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    both = statistics.median(x for times in together for x in times)
+    out = {"model": "speech-tiny", "classes": 8192, "batch": 128, "cores": cores, "alone_s": alone,
+           "together_s": both, "contention": max(1.0, both / alone)}
+    log(f"step speech-tiny batch 128: {alone * 1e3:.2f} ms alone, {both * 1e3:.2f} ms with all {cores} cores "
+        f"stepping: contention {out['contention']:.2f}")
+    return out
+
+
 def _profile(model: str, task: str, classes: int):
     from distbelief.simulate.profile import profile_model
 
@@ -364,10 +399,12 @@ def measure_updates(rep: Effort, log: Log) -> dict[str, float]:
     finiteness check, the staleness bookkeeping, the rule's update in place), per rule."""
     n = rep.shard_values
     g = np.random.default_rng(0).standard_normal(n, dtype=np.float32) * np.float32(1e-3)
+    shards = [_shard(n, rule) for rule in RULES]
+    runs = interleaved_times([lambda s=shard: s.push(0, g, 0, s.version, 32) for shard in shards], rep.shard,
+                             rep.warmup, block=STEP_BLOCK)
     out = {}
-    for rule in RULES:
-        shard = _shard(n, rule)
-        out[rule] = median_time(lambda s=shard: s.push(0, g, 0, s.version, 32), rep.shard, rep.warmup)
+    for rule, times in zip(RULES, runs, strict=True):
+        out[rule] = statistics.median(times)
         log(f"shard update {rule}: {out[rule] * 1e3:.2f} ms for {n:,} values = {out[rule] / n * 1e9:.3f} "
             f"ns/value")
     return out
@@ -444,18 +481,25 @@ def _decode_all(decode: Callable, parts: list, ranges: list[tuple[int, int]]) ->
 # ---------------------------------------------------------------------------------------------------- Ray
 
 
-def measure_call(rep: Effort, background: float, log: Log) -> float:
+def measure_call(rep: Effort, background: float, log: Log) -> tuple[float, float]:
     """Median seconds of one Ray actor call with a tiny argument and reply (runtime/probes.py): a 16-value
-    parameter shard's ``fetch``, through the runtime's own actor."""
+    parameter shard's ``fetch``, through the runtime's own actor; and the cores that a local Ray keeps busy
+    when nothing runs on it (raylet, GCS, agents: ``ray_idle_cores``), over what was busy before it started."""
     from distbelief.ps.rules import make_rule
     from distbelief.ps.shard import ParameterShard
     from distbelief.runtime.probes import actor_call_times
 
     shard_args = (0, 0, 16, np.zeros(16, np.float32), make_rule("sgd", lr=0.1), 16)
+    idle: list[float] = []
+
+    def settle():
+        wait_quiet(background)
+        idle.append(max(0.0, busy_cores(1.0) - background))  # Ray's own processes, nothing else running
+
     seconds = statistics.median(actor_call_times(ParameterShard, shard_args, "fetch", (0,), rep.call,
-                                                 rep.call // 10, lambda: wait_quiet(background)))
-    log(f"Ray actor call: {seconds * 1e3:.3f} ms")
-    return seconds
+                                                 rep.call // 10, settle))
+    log(f"Ray actor call: {seconds * 1e3:.3f} ms; Ray idle keeps {idle[0]:.2f} cores busy")
+    return seconds, idle[0]
 
 
 def _median_by_size(points: Sequence[Sequence[float]]) -> list[tuple[int, float]]:
@@ -575,6 +619,7 @@ def calibrate(path: str | Path | None = None, *, links: bool = False, quick: boo
     try:
         steps = measure_steps(rep, log)
         scaling = measure_threads(rep, log)
+        sharing = measure_contention(rep, log)
         updates = measure_updates(rep, log)
         delta = measure_delta(rep, log)
         copy = measure_copy(rep, log)
@@ -582,11 +627,12 @@ def calibrate(path: str | Path | None = None, *, links: bool = False, quick: boo
     finally:
         torch.set_num_threads(threads)
     compute, steps_record = _fit_compute(steps, scaling, log)
-    call_s = measure_call(rep, background, log)
+    call_s, ray_idle = measure_call(rep, background, log)
     objstore = measure_objstore(rep, background, log)
     costs = Costs(
         machine=machine_name(), date=dt.date.today().isoformat(), cpus=os.cpu_count() or 1, **compute,
-        update_s_per_value={r: s / n for r, s in updates.items()}, call_s=call_s,
+        update_s_per_value={r: s / n for r, s in updates.items()}, call_s=call_s, ray_idle_cores=ray_idle,
+        contention=sharing["contention"] if sharing else 1.0,
         copy_bytes_per_s=COPY_BYTES / copy, objstore_call_s=objstore["call_s"],
         objstore_bytes_per_s=objstore["bytes_per_s"], objstore_cpu_s_per_byte=objstore["cpu_s_per_byte"],
         link_object_s=objstore["call_s"],  # (the shaped link's own, with links=True)
@@ -595,6 +641,7 @@ def calibrate(path: str | Path | None = None, *, links: bool = False, quick: boo
     measurements: dict[str, Any] = {
         "steps": steps_record,
         "threads": scaling,  # None: one core, thread_efficiency is the default
+        "contention": sharing,  # None: one core
         "shard_values": n, "update_s": updates, "delta_s": delta, "delta_changed": DELTA_CHANGED,
         "copy": {"bytes": COPY_BYTES, "seconds": copy},
         "codec_values": codec_values, "compress_s": encode, "decode_s": decode,

@@ -11,7 +11,11 @@ How the simulator uses them:
 - a replica's step on one core: ``step_s + batch * (example_s + 3 * macs / macs_per_s[kind])`` summed over the
   model's layer kinds (forward is one multiply-add per weight use, backward two); with ``t`` threads the
   multiply-adds go ``1 + (t - 1) * thread_efficiency`` times faster; each step's time varies by ``compute_cv``
-  (a seeded lognormal draw), as real steps do;
+  (a seeded lognormal draw), as real steps do; a step that starts while other computations hold the node's
+  other cores runs up to ``contention`` times slower (memory bus and caches shared: all cores busy gives the
+  full factor, one other of three a third of it);
+- Ray's own processes (raylet, GCS, agents) keep ``ray_idle_cores`` of every node busy: every CPU job on a
+  node takes ``cores / (cores - ray_idle_cores * nodes on those cores)`` times longer;
 - a shard's update of ``n`` values: ``n * update_s_per_value[rule]``, plus ``call_s`` per call (Ray's actor
   call: scheduling, arguments, reply);
 - bytes between two processes on one node: ``copy_bytes_per_s`` (the shared-memory plane copies once);
@@ -50,9 +54,11 @@ class Costs:
     example_s: float = 1.0e-6
     thread_efficiency: float = 0.8  # each thread beyond a replica's first adds this share of one thread's rate
     compute_cv: float = 0.03  # step-to-step variation of a replica's compute time (standard deviation / mean)
+    contention: float = 1.0  # a step's time when every core of its node computes at once, over its time alone
     # parameter shards
     update_s_per_value: dict[str, float] = field(default_factory=lambda: {"sgd": 1.0e-9, "adagrad": 4.0e-9})
     call_s: float = 1.0e-3
+    ray_idle_cores: float = 0.0  # cores Ray's own processes keep busy on a node with nothing running
     # data planes
     copy_bytes_per_s: float = 5.0e9
     objstore_call_s: float = 2.0e-3
@@ -99,6 +105,10 @@ class Costs:
                 raise ConfigError("costs", f"{source}: {name} must be >= 0, got {getattr(self, name)!r}")
         if not 0 <= self.thread_efficiency <= 1:
             raise ConfigError("costs", f"{source}: thread_efficiency must be in [0, 1], got {self.thread_efficiency!r}")
+        if not self.contention >= 1:
+            raise ConfigError("costs", f"{source}: contention must be >= 1, got {self.contention!r}")
+        if not self.ray_idle_cores >= 0:
+            raise ConfigError("costs", f"{source}: ray_idle_cores must be >= 0, got {self.ray_idle_cores!r}")
         if not 0 <= self.compute_cv < 1:
             raise ConfigError("costs", f"{source}: compute_cv must be in [0, 1), got {self.compute_cv!r}")
         if not 0 < self.link_efficiency <= 1:

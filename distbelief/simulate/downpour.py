@@ -229,10 +229,10 @@ class DownpourRun:
         yield self.env.all_of([self.env.process(one(n)) for n in self.groups[r]])
 
     def _push_fetch(self, r: int, versions: list[int]):
-        """The fused step: a push and the fetch after it, per shard. Co-located, the replica's thread visits the
-        shards one after the other (one update and copy each). Remote, the runtime sends the push and the fetch
-        as two calls to every shard at once: the parts share the replica's link (TCP shares it fairly, so they
-        arrive together, after all of them crossed), then each shard applies and answers."""
+        """A step's push and the fetch after it (``Workload.chained``), per shard. Co-located, the replica's
+        thread visits the shards one after the other (one update and copy each). Remote, the runtime sends the
+        push and the fetch as two calls to every shard at once: the parts share the replica's link (TCP shares
+        it fairly, so they arrive together, after all of them crossed), then each shard applies and answers."""
         node = self.replica_nodes[r]
         if self.colocated:
             for k in range(self.work.shards):
@@ -285,9 +285,10 @@ class DownpourRun:
         t = self.env.now
         step = self.step_s * self.work.slow.get(r, 1.0) * jitter(self.rng, self.costs.compute_cv) + self.encode_s
         if len(self.groups[r]) == 1:
-            yield from self.world.cpu(self.replica_nodes[r], step)
+            yield from self.world.cpu(self.replica_nodes[r], step, compute=True)
         else:
-            yield self.env.all_of([self.env.process(self.world.cpu(n, step)) for n in self.groups[r]])
+            yield self.env.all_of([self.env.process(self.world.cpu(n, step, compute=True))
+                                   for n in self.groups[r]])
         self.compute_s[r] += self.env.now - t
 
     def _wait(self, r: int, event):
@@ -304,7 +305,7 @@ class DownpourRun:
         while True:
             if w.consistency == "ssp":
                 yield from self._hold_for_bound(r, step)
-            if step > 0 and step % w.fetch_every == 0 and not w.fused:  # (fused: the push's call fetched)
+            if step > 0 and step % w.fetch_every == 0 and not w.chained:  # (chained: fetched after the push)
                 if pending_fetch is None:
                     pending_fetch = self._fetch(r, versions, applied)
                 yield from self._wait(r, pending_fetch)
@@ -313,7 +314,7 @@ class DownpourRun:
                 pending_fetch = self._fetch(r, versions, applied)
             fetched = list(versions)
             yield from self._compute(r)
-            if w.fused:
+            if w.chained:
                 call = env.process(self._push_fetch(r, versions))
                 self._step_done(r)
                 yield from self._wait(r, call)

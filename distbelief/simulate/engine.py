@@ -43,16 +43,28 @@ class World:
         self.link_bytes = defaultdict(float)  # (node, "up" | "down") -> bytes
         self.link_busy = defaultdict(float)  # (node, "up" | "down") -> seconds
         self.rate = machines.bytes_per_s * costs.link_efficiency  # bytes/s a transfer gets on a link
+        # Ray's own processes take a share of every pool: their nodes' idle load over the pool's cores
+        nodes_per_pool = [self.pool_of.count(p) for p in range(len(self.pool_cores))]
+        self.tax = [cores / max(0.25 * cores, cores - costs.ray_idle_cores * n)
+                    for cores, n in zip(self.pool_cores, nodes_per_pool)]
 
     # ------------------------------------------------------------------ CPU
-    def cpu(self, node: int, seconds: float):
-        """Hold one core of ``node`` for ``seconds``."""
+    def cpu(self, node: int, seconds: float, *, compute: bool = False):
+        """Hold one core of ``node`` for ``seconds`` (longer by Ray's share of the cores; a replica's
+        ``compute`` also by the contention of the other computations running beside it)."""
         if seconds <= 0:
             return
-        with self.pools[node].request() as req:
+        pool = self.pools[node]
+        with pool.request() as req:
             yield req
+            p = self.pool_of[node]
+            seconds *= self.tax[p]
+            if compute and pool.capacity > 1:
+                beside = sum(1 for r in pool.users if getattr(r, "compute", False))
+                seconds *= 1 + (self.costs.contention - 1) * beside / (pool.capacity - 1)
+                req.compute = True
             yield self.env.timeout(seconds)
-        self.cpu_busy[self.pool_of[node]] += seconds
+        self.cpu_busy[p] += seconds
 
     # ------------------------------------------------------------------ bytes
     def copy(self, node: int, nbytes: float):

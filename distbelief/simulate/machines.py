@@ -63,7 +63,7 @@ class Machines:
             raise ConfigError("bandwidth", f"must be > 0, got {self.bandwidth}")
         if self.latency_s < 0:
             raise ConfigError("latency_s", f"must be >= 0, got {self.latency_s}")
-        if not 0 <= self.shard_nodes < max(self.nodes, 2):
+        if self.shard_nodes < 0 or (self.shard_nodes and self.shard_nodes >= self.nodes):
             raise ConfigError("shard_nodes", f"must leave a node for the replicas: 0 <= shard_nodes < nodes "
                                              f"({self.nodes}), got {self.shard_nodes}")
 

@@ -124,7 +124,7 @@ class SandblasterRun:
                 running[p] = running.get(p, 0) + 1
                 t = env.now
                 yield env.timeout(self.costs.call_s)  # the coordinator hands the portion over
-                yield from self.world.cpu(self.replica_nodes[r], self.portion_s * w.slow.get(r, 1.0))
+                yield from self.world.cpu(self.replica_nodes[r], self.portion_s * w.slow.get(r, 1.0), compute=True)
                 self.compute_s[r] += env.now - t
                 self.computed[r] += 1
                 running[p] -= 1

@@ -100,7 +100,7 @@ def run_one_node(out: Path, log: Callable[[str], None], seconds: float = RUN_SEC
     records = []
     cores = os.cpu_count() or 1
     for name, extra in ONE_NODE.items():
-        values = {**FIG4_TASK, **extra, "max_seconds": seconds, "out": str(out / name)}
+        values = {**FIG4_TASK, **extra, "max_seconds": seconds, "out": str(out / "runs" / name)}
         cfg = config_from(values).validate()
         log(f"validate: running {name} for {seconds:g} s")
         t = time.monotonic()
@@ -110,8 +110,17 @@ def run_one_node(out: Path, log: Callable[[str], None], seconds: float = RUN_SEC
         records.append({"name": name, "settings": {**FIG4_TASK, **extra},
                         "machines": {"nodes": 1, "cores_per_node": cores},
                         "examples_per_s": s["examples_per_s"], "staleness_mean": s.get("staleness_mean"),
-                        "source": str(out / name / "summary.json")})
+                        "source": _keep_summary(out, name)})
     return records
+
+
+def _keep_summary(out: Path, name: str) -> str:
+    """Copy run ``name``'s summary to ``out/summaries/`` (the run directory, checkpoints and all, stays under
+    ``out/runs/``) and return the copy's path."""
+    keep = out / "summaries" / f"{name}.json"
+    keep.parent.mkdir(parents=True, exist_ok=True)
+    keep.write_text((out / "runs" / name / "summary.json").read_text())
+    return str(keep)
 
 
 def run_shaped(out: Path, log: Callable[[str], None], seconds: float = RUN_SECONDS) -> list[dict]:
@@ -129,13 +138,13 @@ def run_shaped(out: Path, log: Callable[[str], None], seconds: float = RUN_SECON
                 if bw != bandwidth:
                     continue
                 settings = {k: v for k, v in {**FIG4_TASK, **extra}.items() if v is not None}
-                run_dir = out / name
+                run_dir = out / "runs" / name
                 flags = [f"--{k.replace('_', '-')}={v}" for k, v in settings.items()]
                 cmd = ["ip", "netns", "exec", c.nodes[0].netns, sys.executable, "-m", "distbelief.cli", "train",
                        *flags, f"--max-seconds={seconds}", "--address", c.address, "--out", str(run_dir)]
                 log(f"validate: running {name} for {seconds:g} s")
                 t = time.monotonic()
-                with open(out / f"{name}.log", "w") as f:
+                with open(out / "runs" / f"{name}.log", "w") as f:
                     subprocess.run(cmd, check=True, stdout=f, stderr=subprocess.STDOUT, timeout=20 * seconds + 300,
                                    env={**os.environ, "RAY_AUTH_MODE": "token"})
                 s = json.loads((run_dir / "summary.json").read_text())
@@ -145,7 +154,7 @@ def run_shaped(out: Path, log: Callable[[str], None], seconds: float = RUN_SECON
                                 "machines": {"nodes": 4, "cores_per_node": 1, "shared_cores": os.cpu_count() or 1,
                                              "shard_nodes": 2, "bandwidth": parse_bandwidth(bandwidth)},
                                 "examples_per_s": s["examples_per_s"], "staleness_mean": s.get("staleness_mean"),
-                                "source": str(run_dir / "summary.json")})
+                                "source": _keep_summary(out, name)})
         finally:
             netcluster.down(c.name, log=log)
     return records
@@ -222,7 +231,7 @@ def validate_command(args) -> int:
             raise ConfigError("out", "simulate --validate --run writes its runs and measured.json there: give "
                                      "--out DIR")
         out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
+        (out / "runs").mkdir(parents=True, exist_ok=True)
         ran = run_one_node(out, log)
         if os.geteuid() == 0 and sys.platform.startswith("linux"):
             ran += run_shaped(out, log)

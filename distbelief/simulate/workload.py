@@ -74,6 +74,13 @@ class Workload:
         return ShardLayout.balanced(self.profile.params, self.shards)
 
     @property
+    def chained(self) -> bool:
+        """Whether each step's push is followed at once by the next step's fetch (n_fetch = n_push = 1, no
+        prefetch): the fetch call reaches each shard right behind the push (Ray runs one caller's calls in
+        order), so the shard answers it next, as if both were one call."""
+        return not self.overlap and self.fetch_every == 1 and self.push_every == 1
+
+    @property
     def fused(self) -> bool:
         """The replica loop's fused push-and-fetch call (downpour/replica.py): one call per shard per step."""
         return (not self.overlap and self.fetch_every == 1 and self.push_every == 1 and self.compress == "none"
