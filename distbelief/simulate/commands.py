@@ -64,6 +64,9 @@ def add_simulate(sub, add_run_flags) -> None:
     p.add_argument("--measured", metavar="DIR", action="append", default=None,
                    help="with --validate: read measurements from this directory (repeatable; a validate run's "
                         "measured.json or a shaped-links benchmark's results.json)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="with --validate --run: run every configuration this many times, in rounds, and compare "
+                        "with the median [default: 1]")
     p.add_argument("--paper-scale", metavar="DIR",
                    help="the paper at its scale: Fig. 3 (speed-up vs machines per replica, the 42M speech and 1.7B "
                         "image models) and throughput vs replicas up to 2,000 (shards needed), JSON and PNG into "
@@ -134,7 +137,7 @@ def run_config_from(args) -> RunConfig:
 
 
 # Options of simulate and plan that are not run settings: an error about one names it as the flag typed.
-OWN_FLAGS = {"paper_scale", "nodes", "cores_per_node", "bandwidth", "latency_ms", "shared_cores", "shard_nodes", "costs",
+OWN_FLAGS = {"repeats", "paper_scale", "nodes", "cores_per_node", "bandwidth", "latency_ms", "shared_cores", "shard_nodes", "costs",
              "stragglers", "steps", "top", "measured", "validate", "model", "task", "num_classes", "batch_size",
              "out"}
 

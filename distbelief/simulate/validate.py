@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -93,14 +94,15 @@ def read_records(directory: str | Path) -> list[dict]:
                                   f"shaped-links results.json")
 
 
-def run_one_node(out: Path, log: Callable[[str], None], seconds: float = RUN_SECONDS) -> list[dict]:
-    """Train every ``ONE_NODE`` configuration for ``seconds`` on this machine; their records."""
+def run_one_node(out: Path, log: Callable[[str], None], seconds: float = RUN_SECONDS, tag: str = "") -> list[dict]:
+    """Train every ``ONE_NODE`` configuration for ``seconds`` on this machine; their records (run directories
+    named with ``tag``)."""
     from distbelief.api import train_task
 
     records = []
     cores = os.cpu_count() or 1
     for name, extra in ONE_NODE.items():
-        values = {**FIG4_TASK, **extra, "max_seconds": seconds, "out": str(out / "runs" / name)}
+        values = {**FIG4_TASK, **extra, "max_seconds": seconds, "out": str(out / "runs" / (name + tag))}
         cfg = config_from(values).validate()
         log(f"validate: running {name} for {seconds:g} s")
         t = time.monotonic()
@@ -110,8 +112,21 @@ def run_one_node(out: Path, log: Callable[[str], None], seconds: float = RUN_SEC
         records.append({"name": name, "settings": {**FIG4_TASK, **extra},
                         "machines": {"nodes": 1, "cores_per_node": cores},
                         "examples_per_s": s["examples_per_s"], "staleness_mean": s.get("staleness_mean"),
-                        "source": _keep_summary(out, name)})
+                        "source": _keep_summary(out, name + tag)})
     return records
+
+
+def median_records(rounds: list[list[dict]]) -> list[dict]:
+    """One record per configuration from several rounds of them: the median examples/s and staleness, every
+    round's values kept (``examples_per_s_runs``) so the spread between runs is on record."""
+    out = []
+    for recs in zip(*rounds, strict=True):
+        rates = [r["examples_per_s"] for r in recs]
+        stale = [r["staleness_mean"] for r in recs if r["staleness_mean"] is not None]
+        out.append({**recs[0], "examples_per_s": statistics.median(rates), "examples_per_s_runs": rates,
+                    "staleness_mean": statistics.median(stale) if stale else None,
+                    "source": [r["source"] for r in recs]})
+    return out
 
 
 def _keep_summary(out: Path, name: str) -> str:
@@ -123,7 +138,7 @@ def _keep_summary(out: Path, name: str) -> str:
     return str(keep)
 
 
-def run_shaped(out: Path, log: Callable[[str], None], seconds: float = RUN_SECONDS) -> list[dict]:
+def run_shaped(out: Path, log: Callable[[str], None], seconds: float = RUN_SECONDS, tag: str = "") -> list[dict]:
     """Train every ``SHAPED`` configuration for ``seconds`` on a 4-node shaped cluster of this machine, one
     cluster per link rate, the driver on node 0 (``distbelief train --address`` in its namespace); their
     records. Linux and root only; the clusters are down again when this returns."""
@@ -138,13 +153,13 @@ def run_shaped(out: Path, log: Callable[[str], None], seconds: float = RUN_SECON
                 if bw != bandwidth:
                     continue
                 settings = {k: v for k, v in {**FIG4_TASK, **extra}.items() if v is not None}
-                run_dir = out / "runs" / name
+                run_dir = out / "runs" / (name + tag)
                 flags = [f"--{k.replace('_', '-')}={v}" for k, v in settings.items()]
                 cmd = ["ip", "netns", "exec", c.nodes[0].netns, sys.executable, "-m", "distbelief.cli", "train",
                        *flags, f"--max-seconds={seconds}", "--address", c.address, "--out", str(run_dir)]
                 log(f"validate: running {name} for {seconds:g} s")
                 t = time.monotonic()
-                with open(out / "runs" / f"{name}.log", "w") as f:
+                with open(out / "runs" / f"{name}{tag}.log", "w") as f:
                     subprocess.run(cmd, check=True, stdout=f, stderr=subprocess.STDOUT, timeout=20 * seconds + 300,
                                    env={**os.environ, "RAY_AUTH_MODE": "token"})
                 s = json.loads((run_dir / "summary.json").read_text())
@@ -154,7 +169,7 @@ def run_shaped(out: Path, log: Callable[[str], None], seconds: float = RUN_SECON
                                 "machines": {"nodes": 4, "cores_per_node": 1, "shared_cores": os.cpu_count() or 1,
                                              "shard_nodes": 2, "bandwidth": parse_bandwidth(bandwidth)},
                                 "examples_per_s": s["examples_per_s"], "staleness_mean": s.get("staleness_mean"),
-                                "source": _keep_summary(out, name)})
+                                "source": _keep_summary(out, name + tag)})
         finally:
             netcluster.down(c.name, log=log)
     return records
@@ -221,6 +236,8 @@ def format_comparison(c: dict) -> str:
 
 
 def validate_command(args) -> int:
+    if args.repeats < 1:
+        raise ConfigError("repeats", f"must be >= 1, got {args.repeats}")
     def log(msg: str) -> None:
         print(msg, flush=True, file=sys.stderr)
 
@@ -232,14 +249,20 @@ def validate_command(args) -> int:
                                      "--out DIR")
         out = Path(args.out)
         (out / "runs").mkdir(parents=True, exist_ok=True)
-        ran = run_one_node(out, log)
-        if os.geteuid() == 0 and sys.platform.startswith("linux"):
-            ran += run_shaped(out, log)
-        else:
+        shaped = os.geteuid() == 0 and sys.platform.startswith("linux")
+        if not shaped:
             log("validate: not root on Linux: the shaped-cluster configurations are not run (read recorded ones "
                 "with --measured)")
-        (out / "measured.json").write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "records": ran},
-                                                      indent=1) + "\n")
+        rounds = []
+        for i in range(args.repeats):  # in rounds: a slow stretch of the machine falls on every configuration
+            tag = f"-r{i + 1}" if args.repeats > 1 else ""
+            ran = run_one_node(out, log, tag=tag)
+            if shaped:
+                ran += run_shaped(out, log, tag=tag)
+            rounds.append(ran)
+        ran = median_records(rounds)
+        (out / "measured.json").write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "repeats": args.repeats,
+                                                       "records": ran}, indent=1) + "\n")
         records += ran
     for d in args.measured or []:
         records += read_records(d)

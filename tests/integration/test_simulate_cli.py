@@ -49,6 +49,7 @@ def test_a_slow_link_is_named_and_compression_relieves_it(tmp_path, capsys):
     (["--costs", "/nonexistent/costs.json"], "--costs"),
     (["--steps", "0"], "--steps"),
     (["--shard-nodes", "1"], "--shard-nodes"),
+    (["--validate", "--repeats", "0"], "--repeats"),
 ])
 def test_bad_input_is_refused_naming_the_flag(capsys, args, flag):
     assert main(["simulate", *args]) == 2

@@ -234,3 +234,15 @@ def test_a_representative_shard_predicts_what_all_shards_do():
     assert one.details["representative_shard"] and not full.details["representative_shard"]
     assert one.examples_per_s == pytest.approx(full.examples_per_s, rel=0.05)
     assert one.staleness_mean == pytest.approx(full.staleness_mean, rel=0.1)
+
+
+def test_repeated_measurements_are_kept_and_their_median_compared():
+    from distbelief.simulate.validate import median_records
+
+    def rec(rate, stale):
+        return {"name": "a", "settings": {}, "machines": {}, "examples_per_s": rate, "staleness_mean": stale,
+                "source": f"s{rate}"}
+
+    [m] = median_records([[rec(100.0, 1.0)], [rec(300.0, 0.5)], [rec(200.0, 2.0)]])
+    assert m["examples_per_s"] == 200.0 and m["examples_per_s_runs"] == [100.0, 300.0, 200.0]
+    assert m["staleness_mean"] == 1.0 and m["source"] == ["s100.0", "s300.0", "s200.0"]
