@@ -76,6 +76,9 @@ def replica_threads(work: Workload, machines: Machines, started: int, nodes: lis
     return max(1, machines.cores_per_node // per_node)
 
 
+DRIVER_NODE = 0  # the driver runs on the head node, node 0
+
+
 class Shards:
     """The shards' state as the simulation needs it: versions, locks, busy time, staleness seen."""
 
@@ -177,12 +180,15 @@ class DownpourRun:
         under co-located updates): apply replica ``r``'s push (made from parameters of ``versions[k]``) and/or
         answer its fetch (updating ``versions[k]``). Returns the answer's bytes (0 without a fetch): the
         shard's values, or under ``compress_fetch = "delta"`` the values changed since the replica's last fetch.
-        ``calls``: Ray calls it takes (a push and its fetch are two on the object-store transport)."""
+        ``calls``: Ray calls it takes (a push and its fetch are two on the object-store transport); the caller
+        pays the other half of each call's cost on its own core first."""
+        if not self.colocated:
+            yield from self.world.cpu(self.replica_nodes[r], calls * self.costs.call_s / 2)
         s, c, w = self.shards, self.costs, self.work
         with s.lock[k].request() as req:
             yield req
             t = self.env.now
-            seconds = 0.0 if self.colocated else calls * c.call_s
+            seconds = 0.0 if self.colocated else calls * c.call_s / 2  # the callee's half of each call
             if push:
                 seconds += self.decode_s[k] + c.update_s(w.rule) * s.sizes[k]
             changed = 1.0
@@ -374,15 +380,17 @@ class DownpourRun:
                 for r in range(started):
                     if r not in busy and r not in called:
                         called.add(r)
+                        yield from self.world.cpu(DRIVER_NODE, c.call_s / 2)  # the driver's half of the call
                         busy[r] = env.process(replica_step(r, step, arrived))
                 yield env.any_of(list(busy.values()))
+            yield from self.world.cpu(DRIVER_NODE, w.shards * c.call_s / 2)  # its calls to the shards
             used = arrived[:w.replicas]
 
             def apply(k):
                 with s.lock[k].request() as req:
                     yield req
                     t = env.now
-                    seconds = (c.call_s + w.replicas * (self.decode_s[k] + c.update_s("sgd") * s.sizes[k])
+                    seconds = (c.call_s / 2 + w.replicas * (self.decode_s[k] + c.update_s("sgd") * s.sizes[k])
                                + c.update_s(w.rule) * s.sizes[k])
                     yield from self.world.cpu(s.nodes[k], seconds)
                     s.staleness[0] += w.replicas
