@@ -55,11 +55,16 @@ def bottleneck(shard_busy: list[float], cpu_busy: list[float], link_busy: dict[s
     for name, b in link_busy.items():
         node = name.rsplit(" ", 1)[0]
         both[node] = both.get(node, 0.0) + b
+    waiting = wait_s / (compute_s + wait_s) if compute_s + wait_s else 0.0
     if both:
         node, busy = max(both.items(), key=lambda kv: kv[1])
         if busy >= SATURATED:
             return (f"link of {node}", f"pushes and fetches take turns on it: busy {busy:.0%} of the time one "
                                        f"way or the other")
+        if busy >= 0.5 and waiting >= 0.5:  # most of the wait is on it, the rest per-object and per-call costs
+            return (f"link of {node}", f"replicas wait {waiting:.0%} of a step, most of it for their pushes and "
+                                       f"fetches in turn on this link (busy {busy:.0%} of the time one way or "
+                                       f"the other), the rest for per-object and per-call costs")
     if replica_seconds and sum(clock_wait_s) / replica_seconds > 0.3:
         return "staleness bound", "replicas wait for the slowest more than 30% of the time"
     if compute_s >= 0.7 * (compute_s + wait_s):
