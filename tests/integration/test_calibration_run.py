@@ -8,7 +8,7 @@ import math
 import pytest
 import ray
 
-from distbelief.simulate.calibrate import calibrate
+from distbelief.simulate.calibrate import STEP_BATCHES, STEP_MODELS, calibrate
 from distbelief.simulate.costs import Costs
 
 pytestmark = [pytest.mark.ray]
@@ -52,13 +52,15 @@ def test_quick_calibration_measures_every_cost_and_reads_back(tmp_path):
         assert numbers[name] > 0, name
     assert costs.machine and costs.date and costs.cpus >= 1
     m = costs.measurements
-    assert len(m["steps"]) == 8 and len(m["objstore"]) == 3 and m["quick"] is True
+    steps = len(STEP_MODELS) * len(STEP_BATCHES)
+    assert len(m["steps"]) == steps and len(m["objstore"]) == 3 and m["quick"] is True
+    assert m["contention"]["contention"] == costs.contention >= 1
     assert costs.compute_cv > 0 and m["threads"]["efficiency"] == costs.thread_efficiency  # 2 cores or more
     assert m["seconds"] < 120
 
     assert Costs.from_json(json.loads(path.read_text()), str(path)) == costs
-    # one line per measurement: 8 steps, one with 1 and 2 threads, their fit; 2 rules; 4 schemes; 3 object
-    # sizes and their fit
-    counts = {"step ": 8 + 1 + 1, "thread efficiency": 1, "shard update": 2, "delta fetch": 1, "copy": 1,
+    # one line per measurement: every step, one with 1 and 2 threads, one alone and beside another, their fit;
+    # 2 rules; 4 schemes; 3 object sizes and their fit
+    counts = {"step ": steps + 1 + 1 + 1, "thread efficiency": 1, "shard update": 2, "delta fetch": 1, "copy": 1,
               "compression": 4, "Ray actor call": 1, "object store": 3 + 1}
     assert {k: sum(line.startswith(k) for line in lines) for k in counts} == counts
