@@ -2,8 +2,9 @@
 
 Each replica is a SimPy process running the client loop of downpour/replica.py:
 
-- the fused loop (n_fetch = n_push = 1, no prefetch, no compression: the default) sends, per step and per shard,
-  one call that applies the push and answers with the shard's parameters;
+- with n_fetch = n_push = 1 and no prefetch (the default) a step's push is followed at once by the next step's
+  fetch, which reaches each shard right behind it (``Workload.chained``): the shard applies the push and answers
+  with its parameters (its values, float16, or the values changed since: ``compress_fetch``);
 - otherwise pushes travel asynchronously (at most one in flight) and fetches block every ``fetch_every`` steps
   (with ``overlap``, the next fetch travels while the replica computes); a shard runs one replica's calls in the
   order they were sent, so a fetch waits for that replica's earlier push to be applied.
@@ -364,7 +365,7 @@ class DownpourRun:
         started = len(self.steps)
         busy: dict[int, simpy.Process] = {}
 
-        def replica_step(r, step, arrived):
+        def replica_step(r, arrived):
             versions = [0] * w.shards
             yield from self._wait(r, self._fetch(r, versions, None))
             yield from self._compute(r)
@@ -372,7 +373,6 @@ class DownpourRun:
             arrived.append(r)
             del busy[r]
 
-        step = 0
         while True:
             arrived: list[int] = []
             called: set[int] = set()
@@ -381,7 +381,7 @@ class DownpourRun:
                     if r not in busy and r not in called:
                         called.add(r)
                         yield from self.world.cpu(DRIVER_NODE, c.call_s / 2)  # the driver's half of the call
-                        busy[r] = env.process(replica_step(r, step, arrived))
+                        busy[r] = env.process(replica_step(r, arrived))
                 yield env.any_of(list(busy.values()))
             yield from self.world.cpu(DRIVER_NODE, w.shards * c.call_s / 2)  # its calls to the shards
             used = arrived[:w.replicas]
@@ -405,7 +405,6 @@ class DownpourRun:
                 self.examples += w.replicas * w.batch
             moved, self._clock_moved = self._clock_moved, env.event()
             moved.succeed()
-            step += 1
 
     def staleness_mean(self) -> float:
         h = self.shards.staleness

@@ -7,8 +7,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from distbelief.simulate.machines import Machines
-
 SATURATED = 0.85  # a resource busier than this share of the time is the bottleneck
 
 
@@ -36,8 +34,7 @@ class Prediction:
 
 
 def bottleneck(shard_busy: list[float], cpu_busy: list[float], link_busy: dict[str, float], compute_s: float,
-               wait_s: float, step_s: float, clock_wait_s: list[float], replica_seconds: float,
-               machines: Machines) -> tuple[str, str]:
+               wait_s: float, clock_wait_s: list[float], replica_seconds: float) -> tuple[str, str]:
     """The name of what limits the run, and why: the busiest of shards, core pools and links when it is busier
     than ``SATURATED``; otherwise the replicas' own compute when it is most of a step, the staleness bound when
     replicas mostly wait on it, and else round trips (per-call costs and latency, nothing saturated)."""

@@ -46,13 +46,13 @@ def simulate(work: Workload, machines: Machines, costs: Costs, *, steps: int = 6
     util = run.world.utilisation(seconds)
     shard_busy = [b / seconds for b in run.shards.busy]
     step_s = seconds * len(busy_steps) / total_steps if total_steps else float("inf")
-    name, why = bottleneck(shard_busy, util["cpu"], util["links"], compute, wait, step_s, run.clock_wait_s,
-                           seconds * replicas, machines)
+    name, why = bottleneck(shard_busy, util["cpu"], util["links"], compute, wait, run.clock_wait_s,
+                           seconds * replicas)
     return Prediction(
         examples_per_s=run.examples / seconds, steps_per_s=total_steps / seconds, step_s=step_s,
         compute_s=compute, wait_s=wait, staleness_mean=run.staleness_mean(),
         staleness_histogram=dict(run.shards.staleness), shard_busy=shard_busy, cpu_busy=util["cpu"],
         link_busy=util["links"], bottleneck=name, why=why, simulated_s=seconds,
         details={"replica_compute_s": run.step_s, "transport": "co-located" if run.colocated else "object store",
-                 "fused": work.fused, "push_bytes": run.push_bytes, "representative_shard": run.representative, "replica_nodes": run.replica_nodes,
-                 "shard_nodes": run.shards.nodes})
+                 "chained": work.chained, "push_bytes": run.push_bytes, "representative_shard": run.representative,
+                 "replica_nodes": run.replica_nodes, "shard_nodes": run.shards.nodes})

@@ -180,8 +180,8 @@ class SandblasterRun:
         copies = sum(self.computed)
         compute = sum(self.compute_s) / max(1, copies)
         wait = sum(self.wait_s) / max(1, copies)
-        name, why = bottleneck(shard_busy, util["cpu"], util["links"], compute, wait, compute + wait,
-                               [], seconds * self.work.replicas, self.machines)
+        name, why = bottleneck(shard_busy, util["cpu"], util["links"], compute, wait, [],
+                               seconds * self.work.replicas)
         if name == "round trips":
             busy = sum(self.compute_s) / (seconds * self.work.replicas)
             name, why = "coordinator and shard programs", (f"replicas compute {busy:.0%} of the time; the rest "
