@@ -1,6 +1,7 @@
 """Compressed pushes (distbelief/compression): bytes on the wire, exact error feedback, QSGD's unbiasedness, and
 PowerSGD against torch's own powerSGD_hook."""
 
+import gc
 import math
 import pickle
 
@@ -165,11 +166,16 @@ def _torch_powersgd(weights_and_grads, rank, start_iter=2):
             x = torch.eye(w.shape[1])  # d(sum(W x * G'))/dW = G' x^T = G' with x = I: the gradient is g
             (ddp(x) * g.t()).sum().backward()
             out.append((lin.weight.grad.clone(), err if compressing else None))
+        # DDP's reducer holds the process group: let it go while the group is still up (gloo's destructor can
+        # deadlock on its own mutex when the reducer is freed after destroy_process_group)
+        del ddp, state
+        gc.collect()
         return out
     finally:
         dist.destroy_process_group()
 
 
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("rank", [2, 4])
 def test_powersgd_step_is_torchs_powersgd_hook_on_one_matrix(rank):
     torch.manual_seed(0)
