@@ -161,10 +161,7 @@ class DownpourRun:
         return reached
 
     def _reset_counters(self) -> None:
-        w = self.world
-        w.cpu_busy.clear()
-        w.link_bytes.clear()
-        w.link_busy.clear()
+        self.world.reset()
         self.shards.busy = [0.0] * len(self.shards.nodes)
         self.shards.staleness.clear()
         self.steps = [0] * len(self.steps)

@@ -41,7 +41,6 @@ class World:
         self.down = [simpy.Resource(env, capacity=1) for _ in range(n)]
         self.cpu_busy = defaultdict(float)  # pool -> core-seconds
         self.link_bytes = defaultdict(float)  # (node, "up" | "down") -> bytes
-        self.link_busy = defaultdict(float)  # (node, "up" | "down") -> seconds
         self.rate = machines.bytes_per_s * costs.link_efficiency  # bytes/s a transfer gets on a link
         # Ray's own processes take a share of every pool: their nodes' idle load over the pool's cores
         nodes_per_pool = [self.pool_of.count(p) for p in range(len(self.pool_cores))]
@@ -98,7 +97,6 @@ class World:
                     yield self.env.timeout(hold)
         for key in ((src, "up"), (dst, "down")):
             self.link_bytes[key] += nbytes
-            self.link_busy[key] += wire
         fixed = c.objstore_call_s if math.isinf(self.rate) else c.link_object_s
         lat = self.machines.latency_s + (0.0 if inline else fixed)
         if lat:
@@ -114,9 +112,13 @@ class World:
             yield req
             yield self.env.timeout(nbytes / self.rate)
         self.link_bytes[(node, way)] += nbytes
-        self.link_busy[(node, way)] += nbytes / self.rate
 
     # ------------------------------------------------------------------ report
+    def reset(self) -> None:
+        """Forget what was busy so far (the end of a warm-up)."""
+        self.cpu_busy.clear()
+        self.link_bytes.clear()
+
     def utilisation(self, seconds: float) -> dict:
         """Busy shares over ``seconds``: per core pool (of its cores), per link direction (of its rate)."""
         cpu = [self.cpu_busy[p] / (seconds * cores) for p, cores in enumerate(self.pool_cores)]

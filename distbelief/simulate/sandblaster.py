@@ -157,10 +157,7 @@ class SandblasterRun:
         marks.append(self.env.now)
 
     def _reset(self) -> None:
-        w = self.world
-        w.cpu_busy.clear()
-        w.link_bytes.clear()
-        w.link_busy.clear()
+        self.world.reset()
         self.shard_busy = [0.0] * len(self.sizes)
         self.compute_s = [0.0] * self.work.replicas
         self.wait_s = [0.0] * self.work.replicas

@@ -81,12 +81,6 @@ class Workload:
         return not self.overlap and self.fetch_every == 1 and self.push_every == 1
 
     @property
-    def fused(self) -> bool:
-        """The replica loop's fused push-and-fetch call (downpour/replica.py): one call per shard per step."""
-        return (not self.overlap and self.fetch_every == 1 and self.push_every == 1 and self.compress == "none"
-                and self.compress_fetch == "none")
-
-    @property
     def object_store(self) -> bool:
         """Whether replicas move their bytes as call arguments through Ray's object store even beside the shards
         (compressed pushes or fetches: runtime/ray_runtime.py), instead of the shared-memory plane."""
