@@ -37,6 +37,13 @@ class Codec(ABC):
     def decode(part: Any, lo: int, hi: int) -> torch.Tensor:
         """The dense float32 values of ``[lo, hi)`` that ``part`` stands for (a new tensor)."""
 
+    @staticmethod
+    def positions(part: Any, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(positions, values)`` when ``part`` stands for a range that is 0 except at those positions (int64, in
+        the range, strictly increasing) where it holds those float32 values; None for a dense scheme. A shard
+        whose rule is elementwise then steps only those values (ps/shard.py)."""
+        return None
+
     @abstractmethod
     def formula_bytes(self, k: int) -> int:
         """Bytes of shard k's part by the scheme's formula."""

@@ -51,6 +51,19 @@ class TopK(Codec):
         out[idx.long()] = values
         return out
 
+    @staticmethod
+    def positions(part, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The kept values and their positions, as ``decode`` places them, when the positions are what ``encode``
+        makes (strictly increasing, inside the range); None otherwise (the shard then decodes the part)."""
+        idx, values = part
+        idx = torch.as_tensor(idx).long()
+        n = idx.numel()
+        if values.numel() != n or values.dtype != torch.float32:
+            return None
+        if n and (int(idx[0]) < 0 or int(idx[-1]) >= hi - lo or (n > 1 and not bool((idx[1:] > idx[:-1]).all()))):
+            return None
+        return idx, values
+
     def formula_bytes(self, k: int) -> int:
         lo, hi = self.ranges[k]
         return 8 * kept(self.ratio, hi - lo)

@@ -12,10 +12,10 @@ import torch
 from distbelief.compression.base import wire_bytes
 
 
-def _decoder(codec: str):
+def _codec(name: str):
     from distbelief.compression.registry import codec_class
 
-    return codec_class(codec).decode
+    return codec_class(name)
 
 
 @dataclass
@@ -28,7 +28,11 @@ class EncodedRange:
     hi: int
 
     def decode(self) -> torch.Tensor:
-        return _decoder(self.codec)(self.part, self.lo, self.hi)
+        return _codec(self.codec).decode(self.part, self.lo, self.hi)
+
+    def positions(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(positions in the range, values)`` for a sparse scheme's part (``Codec.positions``), else None."""
+        return _codec(self.codec).positions(self.part, self.lo, self.hi)
 
     @property
     def nbytes(self) -> int:
@@ -78,3 +82,14 @@ def dense_push(grad, offset: int, lo: int, hi: int) -> tuple[Any, int, int | Non
     if isinstance(grad, EncodedRange):
         return grad.decode(), grad.lo, grad.nbytes
     return grad, offset, None
+
+
+def sparse_push(grad, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor, int] | None:
+    """``(positions, values, wire bytes)`` of a push that a shard holding ``[lo, hi)`` may apply value by value (a
+    sparse scheme's part, ``Codec.positions``); None for anything else (``dense_push`` then decodes it)."""
+    if isinstance(grad, EncodedPush):
+        grad = grad.covering(lo, hi)
+    if not isinstance(grad, EncodedRange) or (grad.lo, grad.hi) != (lo, hi):
+        return None
+    found = grad.positions()
+    return None if found is None else (*found, grad.nbytes)

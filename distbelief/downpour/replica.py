@@ -217,10 +217,9 @@ class ModelReplica:
         client.fetch_half = settings.compress_fetch == "fp16"
         if settings.compress_fetch == "delta":  # nothing fetched yet: the first answers are whole
             client.fetch_since = [("", -1)] * len(client.handles)
-        # Fused push-fetch loop: one call per shard per step instead of two (see the module docstring); a
-        # compressed push travels as call arguments, apart from the fetch.
-        self.fused = (not settings.overlap and settings.fetch_every == 1 and settings.push_every == 1
-                      and self.feedback is None)
+        # Fused push-fetch loop: one call per shard per step instead of two (see the module docstring), a
+        # compressed push too.
+        self.fused = not settings.overlap and settings.fetch_every == 1 and settings.push_every == 1
         shared = client.shared_buffers() if self.fused else None
         self.zero_copy = shared is not None and source.adopt_buffers(shared)
         self.accrued = torch.zeros_like(source.grads)
@@ -464,8 +463,8 @@ class ModelReplica:
 
             if acc_count == s.push_every:
                 if self.fused and local_step + 1 < limit:  # the next parameters come back with the push's reply
-                    pending_fetch = self.client.push_fetch_async(src.grads, acc_versions, acc_examples,
-                                                                 **self._rows())
+                    pending_fetch = self.client.push_fetch_async(self._encoded(src.grads), acc_versions,
+                                                                 acc_examples, **self._rows())
                     self.pushes += 1
                     self.push_fetches += 1
                 else:

@@ -11,6 +11,7 @@ replication to a backup shard (ps/replication.py), and Sandblaster's vector alge
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import time
@@ -19,7 +20,7 @@ import uuid
 import numpy as np
 import torch
 
-from distbelief.compression.wire import Fetched, dense_push
+from distbelief.compression.wire import Fetched, dense_push, sparse_push
 from distbelief.ps.arrays import PARAMS, all_finite, as_tensor
 from distbelief.ps.durability import Durability, DurableShard, SnapshotWriter
 from distbelief.ps.memory import process_memory, tensor_bytes
@@ -129,9 +130,14 @@ class ParameterShard(DurableShard, ReplicatedShard, VectorAlgebra, ShardTables):
             self._last_ckpt_time_ns = time.monotonic_ns()
             self._init_tables(slicer, rows, rows_state)
         # Delta fetches (--compress-fetch delta): this process's token, and per value the version at which it last
-        # changed (allocated at the first delta fetch).
+        # changed (allocated at the first delta fetch). Sparse pushes also log what they changed (``_changes``:
+        # (version, positions), every change after version ``_changes_base``), so that a delta fetch after them
+        # reads the log instead of scanning the range.
         self.token = uuid.uuid4().hex[:16]
         self._modified: np.ndarray | None = None
+        self._changes: collections.deque = collections.deque()
+        self._changes_size = 0
+        self._changes_base = 0
         self.restored_from_version = -1
         self.replayed_updates = 0
         self.corrupt_checkpoints: list[str] = []
@@ -225,8 +231,9 @@ class ParameterShard(DurableShard, ReplicatedShard, VectorAlgebra, ShardTables):
     def _fetch_delta(self, token: str, version: int) -> Fetched:
         if self._modified is None:  # the first delta fetch: every value counts as changed now
             self._modified = np.full(self.hi - self.lo, self.version, dtype=np.int64)
+            self._reset_changes()
         if token == self.token and 0 <= version <= self.version:
-            idx = np.flatnonzero(self._modified > version).astype(np.int32)
+            idx = self._changed_since(version)
             if idx.size * 8 < self._params_np.nbytes:  # 4 bytes of position + 4 of value, against 4 each
                 out = Fetched(self.token, idx, self._params_np[idx])
                 self.bytes_fetched += out.nbytes
@@ -245,6 +252,33 @@ class ParameterShard(DurableShard, ReplicatedShard, VectorAlgebra, ShardTables):
             m[np.asarray(g) != 0] = self.version
         else:
             m[:] = self.version
+        self._reset_changes()
+
+    def _mark_changed_at(self, positions: np.ndarray) -> None:
+        """Record that the values at ``positions`` (local, increasing) changed at this version, and log them."""
+        if self._modified is None:
+            return
+        self._modified[positions] = self.version
+        self._changes.append((self.version, positions))
+        self._changes_size += positions.size
+        while self._changes_size > (self.hi - self.lo) // 8:  # older changes: a fetch from before them scans
+            self._changes_base, dropped = self._changes.popleft()
+            self._changes_size -= dropped.size
+
+    def _reset_changes(self) -> None:
+        """Forget the log: the changes up to this version are in ``_modified`` alone."""
+        self._changes.clear()
+        self._changes_size, self._changes_base = 0, self.version
+
+    def _changed_since(self, version: int) -> np.ndarray:
+        """Positions (local, int32, increasing) of the values changed after ``version``: from the log when it
+        reaches back that far, else by scanning ``_modified``."""
+        if version < self._changes_base:
+            return np.flatnonzero(self._modified > version).astype(np.int32)
+        newer = [p for v, p in self._changes if v > version]
+        if not newer:
+            return np.empty(0, dtype=np.int32)
+        return (newer[0] if len(newer) == 1 else np.unique(np.concatenate(newer))).astype(np.int32)
 
     def fetch_range(self, lo: int, hi: int, replica_id: int = -1) -> tuple[int, np.ndarray, int]:
         """Our part of the flat range ``[lo, hi)``: ``(start, values, version)``, ``values`` covering
@@ -279,6 +313,9 @@ class ParameterShard(DurableShard, ReplicatedShard, VectorAlgebra, ShardTables):
             self.duplicate_pushes += 1
             return self.version
         rows_ok = self._check_rows(rows)  # raises for a bad row id: nothing of this push is applied
+        sparse = self._sparse(grad, rows)
+        if sparse is not None:
+            return self._push_values(*sparse, based_on_version, num_examples, session, seq)
         grad, offset, wire = dense_push(grad, offset, self.lo, self.hi)  # a compressed push: decoded here
         g_all = as_tensor(grad)
         n = g_all.numel()
@@ -303,19 +340,56 @@ class ParameterShard(DurableShard, ReplicatedShard, VectorAlgebra, ShardTables):
         else:
             self.optimizer.apply(w[a:b], g, {k: v[a:b] for k, v in self.opt_state.items()}, scale)
         self.bytes_pushed += self._apply_rows(rows, scale)
+        self._count_push(staleness, num_examples, session, seq)
+        self._mark_changed(a, b, g)
+        self._after_update(a, b, int(num_examples), g, session, seq, rows, scale)
+        if self._backup is not None:  # --durability replicate (co-located pushes never come here with one)
+            self._forward(g.numpy(), lo, based_on_version, num_examples, session, seq, grad if offset == 0 else None,
+                          rows=rows)
+        return self.version
+
+    def _count_push(self, staleness: int, num_examples: int, session: int, seq: int) -> None:
+        """An applied push: its staleness, the new version, its examples and sequence number."""
         self.staleness_sum += staleness
         self.staleness_max = max(self.staleness_max, staleness)
         self.staleness_count += 1
         self._ctr[_HIST0 + staleness_bucket(staleness)] += 1
         self.version += 1
-        self._mark_changed(a, b, g)
         self.examples += int(num_examples)
         if session:
             self.last_seq[session] = seq
-        self._after_update(a, b, int(num_examples), g, session, seq, rows, scale)
-        if self._backup is not None:  # --durability replicate (co-located pushes never come here with one)
-            self._forward(g.numpy(), lo, based_on_version, num_examples, session, seq, grad if offset == 0 else None,
-                          rows=rows)
+
+    def _sparse(self, grad, rows) -> tuple | None:
+        """``(positions, values, wire bytes)`` when this push may step only the values it carries: a sparse
+        scheme's part of our whole range (``--compress topk``), no table rows, a rule that is elementwise and
+        keeps values whose gradient is 0, and nothing that needs the dense gradient (a write-ahead log, a
+        backup). None otherwise: the push is decoded and applied densely, with the same result."""
+        rule = self.optimizer
+        if (rows is not None or self._wal is not None or self._backup is not None
+                or not getattr(rule, "elementwise", False) or not getattr(rule, "zero_gradient_keeps", False)):
+            return None
+        return sparse_push(grad, self.lo, self.hi)
+
+    def _push_values(self, positions: torch.Tensor, values: torch.Tensor, wire: int, based_on_version: int,
+                     num_examples: int, session: int, seq: int) -> int:
+        """A sparse push (``_sparse``): the rule's step on the values it carries and their state, gathered and
+        written back; every other value and its state stay as they are, as the dense step would leave them."""
+        self.bytes_pushed += wire
+        if not all_finite(values):
+            self.rejected_pushes += 1
+            return self.version
+        staleness = max(0, self.version - int(based_on_version))
+        scale = self.optimizer.rate_scale(staleness)
+        w = self.vectors[PARAMS]
+        state = {k: v.index_select(0, positions) for k, v in persistent(self.optimizer, self.opt_state).items()}
+        stepped = w.index_select(0, positions)
+        self.optimizer.apply(stepped, values.contiguous(), state, scale)
+        w.index_copy_(0, positions, stepped)
+        for k, v in state.items():
+            self.opt_state[k].index_copy_(0, positions, v)
+        self._count_push(staleness, num_examples, session, seq)
+        self._mark_changed_at(positions[values != 0].numpy().astype(np.int32))
+        self._after_update(0, self.hi - self.lo, int(num_examples), None, session, seq, None, scale)
         return self.version
 
     def apply_mean(self, *grads) -> int:
@@ -365,6 +439,8 @@ class ParameterShard(DurableShard, ReplicatedShard, VectorAlgebra, ShardTables):
             self.vectors[PARAMS].copy_(as_tensor(values).reshape(-1))
             if self._modified is not None:
                 self._modified[:] = self.version + 1  # every value changed: the next delta fetch is whole
+                self._reset_changes()
+                self._changes_base = self.version + 1
             return self.version
 
     def memory(self) -> dict:

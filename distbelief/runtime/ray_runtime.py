@@ -190,6 +190,15 @@ class RoleActor:
         value = getattr(self.obj, method)(*args, **kwargs)
         return forwarded.answer(self.obj, value) if method == "push" else value
 
+    def push_fetch(self, num_push_args: int, *args):
+        """A shard's ``push`` (the first ``num_push_args`` of ``args``; flat, so that Ray resolves an object
+        reference among them) and then its ``fetch`` (the rest) in one call, the object-store transport's fused
+        step: ``(version after the push, fetch's answer)``, with the backup's acknowledgement of the push if one."""
+        push_args, fetch_args = args[:num_push_args], args[num_push_args:]
+        self.received += _array_bytes(push_args)
+        pushed = self.obj.push(*push_args)
+        return forwarded.answer(self.obj, (pushed, self.obj.fetch(*fetch_args)))
+
     def call_placed(self, method: str, lo: int, total: int, *parts):
         """``method`` with each part placed at flat offset ``lo`` of a full-length vector (Runtime.call_with_parts):
         only the parts crossed the network."""

@@ -4,6 +4,7 @@ The schemes' arithmetic (feedback exact bit for bit, QSGD unbiased, PowerSGD = t
 tests/unit/test_compression.py."""
 
 import pytest
+import torch
 
 from distbelief import RunConfig
 from distbelief.api import task_parts, train_task
@@ -82,3 +83,21 @@ def test_on_ray_compressed_pushes_travel_as_call_arguments(tmp_path, ray_local):
     assert s["replica_transports"] == {"object-store": 2}  # not the shared-memory planes: they move float32
     assert s["bytes_pushed_per_shard"] == [n * b for n, b in zip(s["updates_per_shard"], per_push)]
     assert s["compressed_push_bytes"] == sum(s["bytes_pushed_per_shard"])
+
+
+@pytest.mark.slow
+def test_on_ray_a_compressed_step_is_one_call_per_shard_and_equals_the_in_process_run(tmp_path, ray_local):
+    """Top-k pushes with delta fetches, one replica: through the object store each step's push and the next fetch
+    travel as one call per shard (push_fetch_calls), and the shards end with exactly the parameters of the
+    in-process run (a push, then a fetch)."""
+    results = {}
+    for runtime in ("inprocess", "ray"):
+        cfg = RunConfig(runtime=runtime, replicas=1, shards=2, max_steps=25, max_seconds=0, eval_every_seconds=3600,
+                        num_samples=4000, durability="off", compress="topk", compress_ratio=0.02,
+                        compress_fetch="delta", overlap=False, out=str(tmp_path / runtime)).validate()
+        results[runtime] = train_task(cfg, quiet=True)
+    on_ray, inproc = results["ray"].summary, results["inprocess"].summary
+    assert on_ray["replica_transports"] == {"object-store": 1}
+    assert on_ray["push_fetch_calls"] == inproc["push_fetch_calls"] == 24  # every push but the last
+    assert on_ray["updates_per_shard"] == [25, 25]
+    assert torch.equal(results["ray"].flat_params, results["inprocess"].flat_params)

@@ -1,8 +1,8 @@
 """Compressed pushes (distbelief/compression): bytes on the wire, exact error feedback, QSGD's unbiasedness, and
 PowerSGD against torch's own powerSGD_hook."""
 
-import gc
 import math
+import os
 import pickle
 
 import pytest
@@ -138,41 +138,59 @@ def test_qsgd_is_unbiased():
         assert codec.sent(codec.encode(x)).unique().numel() <= 2 * s + 1 + 2  # levels, per bucket's norm
 
 
+_TORCH_POWERSGD = """
+import sys
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as ps
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from distbelief.baselines.processes import free_port
+
+weights_and_grads, rank, start_iter = torch.load(sys.argv[1])
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+w0 = weights_and_grads[0][0]
+lin = nn.Linear(w0.shape[1], w0.shape[0], bias=False)
+ddp = DDP(lin)
+state = ps.PowerSGDState(process_group=None, matrix_approximation_rank=rank, start_powerSGD_iter=start_iter,
+                         min_compression_rate=2, use_error_feedback=True, warm_start=True, random_seed=0)
+ddp.register_comm_hook(state, ps.powerSGD_hook)
+out = []
+for w, g in weights_and_grads:
+    with torch.no_grad():
+        lin.weight.copy_(w)
+    lin.weight.grad = None
+    compressing = state.iter >= start_iter
+    err = state.error_dict.get(0)
+    err = torch.zeros(w.numel()) if err is None else err.clone()  # the hook starts from none
+    x = torch.eye(w.shape[1])  # d(sum(W x * G'))/dW = G' x^T = G' with x = I: the gradient is g
+    (ddp(x) * g.t()).sum().backward()
+    out.append((lin.weight.grad.clone(), err if compressing else None))
+torch.save(out, sys.argv[2])
+sys.stdout.flush()
+import os
+os._exit(0)  # no teardown of the gloo group: its destructors have deadlocked and aborted in the past
+"""
+
+
 def _torch_powersgd(weights_and_grads, rank, start_iter=2):
     """torch's powerSGD_hook on a one-matrix model in a one-process gloo group: for each (weight, gradient), the
-    gradient DDP hands the optimizer, and the error the hook held before it (its input is gradient + error)."""
-    import torch.distributed as dist
-    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as ps
-    from torch.nn.parallel import DistributedDataParallel as DDP
+    gradient DDP hands the optimizer, and the error the hook held before it (its input is gradient + error).
 
-    from distbelief.baselines.processes import free_port
+    It runs in a process of its own: a gloo group torn down in the test process has deadlocked (its destructor
+    on its own mutex) and aborted the whole suite in past runs."""
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
-    try:
-        w0 = weights_and_grads[0][0]
-        lin = nn.Linear(w0.shape[1], w0.shape[0], bias=False)
-        ddp = DDP(lin)
-        state = ps.PowerSGDState(process_group=None, matrix_approximation_rank=rank, start_powerSGD_iter=start_iter,
-                                 min_compression_rate=2, use_error_feedback=True, warm_start=True, random_seed=0)
-        ddp.register_comm_hook(state, ps.powerSGD_hook)
-        out = []
-        for w, g in weights_and_grads:
-            with torch.no_grad():
-                lin.weight.copy_(w)
-            lin.weight.grad = None
-            compressing = state.iter >= start_iter
-            err = state.error_dict.get(0)
-            err = torch.zeros(w.numel()) if err is None else err.clone()  # the hook starts from none
-            x = torch.eye(w.shape[1])  # d(sum(W x * G'))/dW = G' x^T = G' with x = I: the gradient is g
-            (ddp(x) * g.t()).sum().backward()
-            out.append((lin.weight.grad.clone(), err if compressing else None))
-        # DDP's reducer holds the process group: let it go while the group is still up (gloo's destructor can
-        # deadlock on its own mutex when the reducer is freed after destroy_process_group)
-        del ddp, state
-        gc.collect()
-        return out
-    finally:
-        dist.destroy_process_group()
+    with tempfile.TemporaryDirectory() as d:
+        given, taken = Path(d) / "in.pt", Path(d) / "out.pt"
+        torch.save((weights_and_grads, rank, start_iter), given)
+        subprocess.run([sys.executable, "-c", _TORCH_POWERSGD, str(given), str(taken)], check=True, timeout=50,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+        return torch.load(taken)
 
 
 @pytest.mark.timeout(60)

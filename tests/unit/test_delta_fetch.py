@@ -93,3 +93,88 @@ def test_a_compressed_push_marks_only_what_it_carried():
     s.push(1, EncodedPush("topk", codec.encode(g), codec.ranges), 0, s.version)
     delta, _ = s.fetch(0, since=(answer.token, version))
     assert delta.idx.size == 20 and s.bytes_pushed == codec.formula_bytes(0)
+
+
+# -- sparse pushes (--compress topk under an elementwise rule: ps/shard.py ``_push_values``) and the change log --
+
+class DenseAdagrad(Adagrad):
+    """Adagrad declaring itself not elementwise: its shard decodes every top-k push and applies it densely (the
+    reference for the sparse step) and finds what changed by scanning."""
+
+    elementwise = False
+
+
+def topk_pushes(count, ratio=0.02, seed=0):
+    codec = make_codec("topk", [(0, N)], ratio=ratio)
+    gen = torch.Generator().manual_seed(seed)
+    return [EncodedPush("topk", codec.encode(torch.randn(N, generator=gen)), codec.ranges) for _ in range(count)]
+
+
+def test_a_sparse_push_steps_only_its_values_as_the_dense_step_would():
+    """The gathered step equals the decoded, dense one: values a push does not carry, and their Adagrad sums,
+    stay bit for bit; the stepped ones agree to float32 rounding (one kernel on a gathered vector, one on the
+    whole range)."""
+    sparse, dense = shard(Adagrad(lr=0.1)), shard(DenseAdagrad(lr=0.1))
+    for push in topk_pushes(5):
+        sparse.push(1, push, 0, sparse.version, 8)
+        dense.push(1, push, 0, dense.version, 8)
+    touched = torch.zeros(N, dtype=torch.bool)
+    for push in topk_pushes(5):
+        touched[push.parts[0][0].long()] = True
+    w_s, w_d = sparse.vectors["params"], dense.vectors["params"]
+    assert torch.equal(w_s[~touched], w_d[~touched])
+    torch.testing.assert_close(w_s[touched], w_d[touched], rtol=1e-6, atol=0)
+    torch.testing.assert_close(sparse.opt_state["sum_sq"], dense.opt_state["sum_sq"], rtol=1e-6, atol=0)
+    assert torch.equal(sparse.opt_state["sum_sq"][~touched], dense.opt_state["sum_sq"][~touched])
+    for name in ("version", "examples", "bytes_pushed", "staleness_count"):
+        assert getattr(sparse, name) == getattr(dense, name), name
+
+
+def test_a_sparse_push_with_a_non_finite_value_is_rejected_whole():
+    s = shard(Adagrad(lr=0.1))
+    push = topk_pushes(1)[0]
+    push.parts[0][1][3] = float("nan")
+    before = s.vectors["params"].clone()
+    assert s.push(1, push, 0, 0, 8) == 0 and s.rejected_pushes == 1
+    assert torch.equal(s.vectors["params"], before) and s.opt_state["sum_sq"].abs().sum() == 0
+
+
+@pytest.mark.parametrize("idx", [[5, 3, 9], [1, 1, 2], [-1, 2, 3], [0, 1, N]], ids=str)
+def test_positions_a_sparse_step_cannot_trust_fall_back_to_decoding(idx):
+    """Positions out of order, repeated or outside the range are not what topk makes: the shard decodes the part
+    (a position outside the range then fails the push, as decoding it always did)."""
+    from distbelief.compression.topk import TopK
+
+    part = (torch.tensor(idx, dtype=torch.int32), torch.ones(3))
+    assert TopK.positions(part, 0, N) is None
+    assert TopK.positions((torch.tensor(sorted(set(range(3)))), torch.ones(3)), 0, N) is not None
+
+
+def test_the_change_log_answers_as_the_scan_does_for_every_replica_version():
+    """Replicas fetching from many versions back, across sparse pushes, a dense push, set_params and a log long
+    enough to drop its oldest entries: every delta fetch names the positions the scan of the same history names."""
+    logged, scanned = shard(Adagrad(lr=0.1)), shard(DenseAdagrad(lr=0.1))
+    token = {}
+    for s in (logged, scanned):
+        answer, _ = s.fetch(0, since=("", -1))
+        token[id(s)] = answer.token
+    pushes = iter(topk_pushes(80, ratio=0.01, seed=2))
+    for step in range(60):
+        if step == 20:
+            for s in (logged, scanned):
+                s.push(1, sparse_grad(step, nonzero=50), 0, s.version)  # dense: the log starts again
+        elif step == 40:
+            for s in (logged, scanned):
+                s.set_params(np.linspace(0, 1, N, dtype=np.float32))
+        else:
+            push = next(pushes)
+            for s in (logged, scanned):
+                s.push(1, push, 0, s.version)
+        for back in (0, 1, 2, 5, 13, 30, 70):
+            since = logged.version - back
+            a, _ = logged.fetch(0, since=(token[id(logged)], since))
+            b, _ = scanned.fetch(0, since=(token[id(scanned)], since))
+            assert (a.idx is None) == (b.idx is None), (step, back)
+            if a.idx is not None:
+                assert np.array_equal(a.idx, b.idx), (step, back)
+    assert logged._changes and logged._changes_base > 40  # the log was used, and dropped what it outgrew

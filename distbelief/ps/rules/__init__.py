@@ -27,6 +27,10 @@ Optional: ``zero_gradient_keeps: ClassVar[bool]``, True when a value whose gradi
 (and its state too): a shard then tells a replica's delta fetch (``--compress-fetch delta``) only the values a
 push changed; without it every value a push covers counts as changed.
 
+Optional: ``elementwise: ClassVar[bool]``, True when each value's step reads only its own gradient and state
+entries. With ``zero_gradient_keeps`` too, a shard applies a sparse push (``--compress topk``) to the values it
+carries alone, gathered and scattered back, at a cost that follows the push's size, not the range's.
+
 Optional: ``torch_optimizer(params) -> torch.optim.Optimizer``, the same rule in ``torch.optim`` for the
 strategies that train without a parameter server (sgd, hogwild, ddp). A rule without one (or with
 ``torch_optimizer = None``) is refused for them by ``RunConfig.validate``.

@@ -28,6 +28,7 @@ class Adagrad:
     summary: ClassVar[str] = "the paper's, a rate per parameter"
     scratch: ClassVar[tuple[str, ...]] = ("tmp",)  # the unfused path's sqrt buffer
     zero_gradient_keeps: ClassVar[bool] = True  # g = 0: the sum and the value stay bit for bit (delta fetches)
+    elementwise: ClassVar[bool] = True  # a value's step reads its own gradient and state alone (sparse pushes)
 
     lr: float
     eps: float = 1e-10

@@ -15,6 +15,7 @@ class SGD:
     summary: ClassVar[str] = "fixed rate"
     scratch: ClassVar[tuple[str, ...]] = ()
     zero_gradient_keeps: ClassVar[bool] = True  # a value with gradient 0 stays bit for bit (delta fetches)
+    elementwise: ClassVar[bool] = True  # a value's step reads its own gradient and state alone (sparse pushes)
 
     lr: float
     staleness_aware: bool = False
