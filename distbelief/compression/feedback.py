@@ -35,7 +35,7 @@ class ErrorFeedback:
         """The parts to push for gradient ``g`` (flat float32), one per shard; the residual moves on."""
         t0 = time.perf_counter()
         if self.dtype == torch.float32:
-            a = g + self.residual
+            a = self.residual.add_(g)  # the residual's own buffer (no new vector); codec.residual takes it over
         else:
             a = (g.to(torch.float64) + self.residual).to(torch.float32)
         parts = self.codec.encode(a)

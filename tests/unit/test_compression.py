@@ -5,6 +5,7 @@ import math
 import os
 import pickle
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -211,3 +212,28 @@ def test_powersgd_step_is_torchs_powersgd_hook_on_one_matrix(rank):
         assert torch.equal(sent.view(rows, cols), grad), f"step {compressed}"
         compressed += 1
     assert compressed == 3
+
+
+@pytest.mark.parametrize("case", ["normal", "heavy-tailed", "mostly-zero", "ties", "sorted", "tiny"])
+def test_topk_selection_keeps_the_k_largest_magnitudes(case):
+    """``topk.largest`` (a sampled threshold, then a selection among the values above it) picks k positions,
+    increasing and distinct, and no value it leaves is larger than one it keeps; without ties they are exactly
+    the positions a full selection picks. The shapes cover its fallbacks: too few or too many candidates."""
+    from distbelief.compression.topk import largest
+
+    rng = np.random.default_rng(7)
+    n = 5 if case == "tiny" else 200_000
+    m = {"normal": lambda: rng.standard_normal(n),
+         "heavy-tailed": lambda: rng.standard_cauchy(n),
+         "mostly-zero": lambda: np.where(rng.random(n) < 0.995, 0.0, rng.standard_normal(n)),
+         "ties": lambda: rng.integers(0, 4, n).astype(float),
+         "sorted": lambda: np.sort(rng.standard_normal(n)),
+         "tiny": lambda: rng.standard_normal(n)}[case]()
+    m = np.abs(m).astype(np.float32)
+    for k in (1, 3, max(1, n // 100), n // 2, n):
+        idx = largest(m, k)
+        assert idx.dtype == np.int32 and idx.size == k and (np.diff(idx) > 0).all()
+        left = np.delete(m, idx)
+        assert left.size == 0 or left.max() <= m[idx].min(), k
+        if case in ("normal", "heavy-tailed", "sorted", "tiny"):  # no ties: the one answer
+            assert np.array_equal(idx, np.sort(np.argpartition(m, n - k)[n - k:])), k
