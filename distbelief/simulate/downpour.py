@@ -121,6 +121,10 @@ class DownpourRun:
                          if work.compress != "none" else 0.0)
         self.decode_s = [costs.decode_s_per_value.get(work.compress, 0.0) * n if work.compress != "none" else 0.0
                          for n in self.shards.sizes]
+        # A shard's work per push: decoding it (not a sparse push: stepped value by value) and the rule over the
+        # values it steps.
+        self.push_values = work.push_values()
+        self.push_decode_s = [0.0] * len(self.decode_s) if work.sparse_pushes else self.decode_s
         self.push_bytes = work.push_bytes()
         self.steps = [0] * started
         self.clock = [0] * started  # steps since the start (``steps`` counts from the warm-up's end)
@@ -172,28 +176,28 @@ class DownpourRun:
         self.measuring = True
 
     # ------------------------------------------------------------------ shard side
-    def _call(self, r: int, k: int, worker_node: int, versions: list[int], push: bool, fetch: bool,
-              calls: int = 1):
+    def _call(self, r: int, k: int, worker_node: int, versions: list[int], push: bool, fetch: bool):
         """One call at shard ``k``, under its lock, on ``worker_node``'s core (the shard's, or the replica's own
         under co-located updates): apply replica ``r``'s push (made from parameters of ``versions[k]``) and/or
         answer its fetch (updating ``versions[k]``). Returns the answer's bytes (0 without a fetch): the
         shard's values, or under ``compress_fetch = "delta"`` the values changed since the replica's last fetch.
-        ``calls``: Ray calls it takes (a push and its fetch are two on the object-store transport); the caller
-        pays the other half of each call's cost on its own core first."""
+        One Ray call (a push and its fetch are one on every transport): the caller pays its half of the call's
+        cost on its own core first."""
         if not self.colocated:
-            yield from self.world.cpu(self.replica_nodes[r], calls * self.costs.call_s / 2)
+            yield from self.world.cpu(self.replica_nodes[r], self.costs.call_s / 2)
         s, c, w = self.shards, self.costs, self.work
         with s.lock[k].request() as req:
             yield req
             t = self.env.now
-            seconds = 0.0 if self.colocated else calls * c.call_s / 2  # the callee's half of each call
+            seconds = 0.0 if self.colocated else c.call_s / 2  # the callee's half of the call
             if push:
-                seconds += self.decode_s[k] + c.update_s(w.rule) * s.sizes[k]
+                seconds += self.push_decode_s[k] + c.update_s(w.rule) * self.push_values[k]
             changed = 1.0
             if fetch and w.compress_fetch == "delta":
                 seen = self.pushes_since_fetch[r][k] + (1 if push else 0)  # others' pushes since, and its own
                 changed = 1.0 - (1.0 - w.push_density) ** max(seen, 1)
-                seconds += c.delta_s_per_value * s.sizes[k]
+                # after sparse pushes the shard reads its log of changed positions, else it scans the range
+                seconds += c.delta_s_per_value * s.sizes[k] * (changed if w.sparse_pushes else 1.0)
             if fetch and self.colocated:  # the replica copies the values into its fetch buffer
                 seconds += 4 * s.sizes[k] / c.copy_bytes_per_s
             yield from self.world.cpu(worker_node, seconds)
@@ -235,7 +239,7 @@ class DownpourRun:
     def _push_fetch(self, r: int, versions: list[int]):
         """A step's push and the fetch after it (``Workload.chained``), per shard. Co-located, the replica's
         thread visits the shards one after the other (one update and copy each). Remote, the runtime sends the
-        push and the fetch as two calls to every shard at once: the parts share the replica's link (TCP shares
+        push and the fetch as one call to every shard at once: the parts share the replica's link (TCP shares
         it fairly, so they arrive together, after all of them crossed), then each shard applies and answers."""
         node = self.replica_nodes[r]
         if self.colocated:
@@ -245,7 +249,7 @@ class DownpourRun:
         yield self.env.all_of([self.env.process(self._up(r, k, self.push_bytes[k])) for k in self.modelled])
 
         def answer(k):
-            nbytes = yield from self._call(r, k, self.shards.nodes[k], versions, True, True, calls=2)
+            nbytes = yield from self._call(r, k, self.shards.nodes[k], versions, True, True)
             yield from self._down(r, k, nbytes)
 
         yield self.env.all_of([self.env.process(answer(k)) for k in self.modelled])

@@ -94,10 +94,25 @@ class Workload:
         codec = self._codec()
         return [codec.formula_bytes(k) for k in range(self.shards)]
 
+    @property
+    def sparse_pushes(self) -> bool:
+        """Whether a shard steps only the values a push carries (top-k under an elementwise rule that keeps values
+        whose gradient is 0: ps/shard.py) instead of decoding the push and running the rule over its range."""
+        from distbelief.ps.rules import RULES
+
+        rule = RULES.get(self.rule)
+        return (self.compress == "topk" and getattr(rule, "elementwise", False)
+                and getattr(rule, "zero_gradient_keeps", False))
+
     def push_values(self) -> list[int]:
-        """Values a shard updates per push: every value of its range (Adagrad and SGD touch them all; a sparse
-        push's zeros change nothing, but the shards still run the rule over the range)."""
-        return self.layout.sizes()
+        """Values a shard steps per push: those a sparse push carries (``sparse_pushes``), else every value of its
+        range."""
+        sizes = self.layout.sizes()
+        if self.sparse_pushes:
+            from distbelief.compression.topk import kept
+
+            return [kept(self.compress_ratio, n) for n in sizes]
+        return sizes
 
     def fetch_bytes(self, changed_fraction: float = 1.0) -> list[int]:
         """Bytes of one fetch from each shard: float32, float16, or the delta answer (4 bytes of position and 4

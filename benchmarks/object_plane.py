@@ -1,0 +1,142 @@
+"""What Ray's object store can move over the shaped links of this machine with no training at all: the ceiling a
+Downpour run's link utilization is measured against (issue 27's target: uncompressed Downpour at >= 80 % of the
+shaped rate).
+
+    sudo .venv/bin/python benchmarks/object_plane.py --out benchmarks/results/object-plane-DATE [--bandwidths 1gbit]
+
+Per bandwidth: ``netcluster.up`` 4 nodes as benchmarks/shaped_links.py makes them (replica nodes 0-1, one CPU each;
+shard nodes 2-3), then, with actors holding 4.6 MB float32 ranges (the Fig. 4 model's range per shard) and 15 s per
+pattern, one call at a time per caller:
+
+- ``one pair, fetch``: a caller on node 0 fetches from a shard on node 2, nothing else moving;
+- ``downpour pattern``: a caller on each of nodes 0 and 1 sends each of the two shard nodes 4.6 MB and gets 4.6 MB
+  back in one call per shard (a Downpour step's push and fetch, without the gradient);
+
+and the kernel's counters on every node's link give each link's rate each way (TCP payload; see
+``netcluster.LinkCounters``). The driver runs on node 0, as Ray requires; the counters are read in the root network
+namespace (``nsenter`` into this script's own namespaces). Writes results.json into --out and prints one line per
+pattern. Linux and root only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VALUES = int(4.6e6 / 4)
+SECONDS = 15.0
+
+
+def counters(outer_pid: int, name: str) -> dict[int, list[int]]:
+    """Every node's link counters (to the node, from it), read in the namespaces of process ``outer_pid``."""
+    code = ("import json; from distbelief.runtime import netcluster as nc; print(json.dumps({i: [c.to_node_payload, "
+            f"c.from_node_payload] for i, c in nc.link_counters({name!r}).items()}}))")
+    r = subprocess.run(["nsenter", "-t", str(outer_pid), "-m", "-n", sys.executable, "-c", code], cwd=ROOT,
+                       capture_output=True, text=True, check=True, timeout=60)
+    return {int(k): v for k, v in json.loads(r.stdout).items()}
+
+
+def inner(address: str, outer_pid: int, name: str, rate_bps: float) -> list[dict]:
+    """(In node 0's namespace) the patterns; returns one record each."""
+    import numpy as np
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    ray.init(address=address, logging_level="ERROR")
+    node_of = {n["NodeManagerAddress"].rsplit(".", 1)[1]: n["NodeID"] for n in ray.nodes() if n["Alive"]}
+
+    @ray.remote(num_cpus=0)
+    class Holder:
+        def __init__(self):
+            self.values = np.ones(VALUES, np.float32)
+
+        def fetch(self):
+            return self.values
+
+        def push_fetch(self, g):
+            self.values += g
+            return self.values
+
+    @ray.remote(num_cpus=0)
+    class Caller:
+        def __init__(self, holders):
+            self.holders, self.g = holders, np.full(VALUES, 1e-3, np.float32)
+
+        def run(self, push: bool, seconds: float):
+            t0, steps = time.monotonic(), 0
+            while time.monotonic() - t0 < seconds:
+                ray.get([h.push_fetch.remote(self.g) if push else h.fetch.remote() for h in self.holders],
+                        timeout=120)
+                steps += 1
+            return steps, time.monotonic() - t0
+
+    def on(last_octet: str, cls, *args):
+        return cls.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_of[last_octet], soft=False)
+                           ).remote(*args)
+
+    holders = [on("12", Holder), on("13", Holder)]
+    records = []
+    for label, caller_nodes, use, push in (("one pair, fetch", ["10"], holders[:1], False),
+                                           ("downpour pattern", ["10", "11"], holders, True)):
+        callers = [on(n, Caller, use) for n in caller_nodes]
+        ray.get([c.run.remote(push, 1.0) for c in callers], timeout=120)  # warm
+        before = counters(outer_pid, name)
+        done = ray.get([c.run.remote(push, SECONDS) for c in callers], timeout=SECONDS + 120)
+        after = counters(outer_pid, name)
+        seconds = max(d[1] for d in done)
+        links = {i: [(after[i][j] - before[i][j]) * 8 / seconds / rate_bps for j in (0, 1)] for i in after}
+        records.append({"pattern": label, "calls_per_caller": [d[0] for d in done], "seconds": seconds,
+                        "links_to_from": links, "busiest_link": max(max(v) for v in links.values()),
+                        "total_gbit_per_s": sum(v[0] for v in links.values()) * rate_bps / 1e9})
+        for c in callers:
+            ray.kill(c)
+    return records
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--bandwidths", nargs="+", default=["1gbit"])
+    p.add_argument("--inner", nargs=4, metavar=("ADDRESS", "OUTER_PID", "NAME", "RATE_BPS"), help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.inner:
+        address, pid, name, rate = args.inner
+        print(json.dumps(inner(address, int(pid), name, float(rate))))
+        return 0
+    sys.path.insert(0, str(ROOT))
+    from distbelief.runtime import netcluster
+
+    netcluster.require_root_linux()
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    results = {"date": dt.date.today().isoformat(), "command": " ".join(sys.argv), "cpus": os.cpu_count(),
+               "values_per_range": VALUES, "seconds": SECONDS, "runs": []}
+    for bw in args.bandwidths:
+        c = netcluster.up(nodes=4, bandwidth=bw, cpus_per_node=1, shard_nodes=2)
+        try:
+            cmd = ["ip", "netns", "exec", c.nodes[0].netns, sys.executable, __file__, "--out", str(out), "--inner",
+                   c.address, str(os.getpid()), c.name, str(c.bandwidth_bps)]
+            r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                               env={**os.environ, "RAY_AUTH_MODE": "token"})
+            if r.returncode != 0:
+                raise SystemExit(f"the probe failed:\n{r.stderr[-3000:]}")
+            for rec in json.loads(r.stdout.strip().splitlines()[-1]):
+                rec["bandwidth"] = bw
+                results["runs"].append(rec)
+                print(f"[{bw}] {rec['pattern']:17s} busiest link {rec['busiest_link']:.0%}, all links together "
+                      f"{rec['total_gbit_per_s']:.2f} Gbit/s, calls per caller {rec['calls_per_caller']}", flush=True)
+            (out / "results.json").write_text(json.dumps(results, indent=1))
+        finally:
+            netcluster.down(c.name)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
