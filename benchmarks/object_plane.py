@@ -11,9 +11,13 @@ pattern, one call at a time per caller:
 - ``one pair, fetch``: a caller on node 0 fetches from a shard on node 2, nothing else moving;
 - ``downpour pattern``: a caller on each of nodes 0 and 1 sends each of the two shard nodes 4.6 MB and gets 4.6 MB
   back in one call per shard (a Downpour step's push and fetch, without the gradient);
+- ``downpour, prefetch``: the same bytes as two calls per shard, the next step's fetch sent before this step's push
+  (so that the push and the fetch could cross at once, as ``--overlap`` does);
+- ``raw TCP, same pairs``: the eight streams of that pattern in plain TCP at once, no Ray (rates over the time
+  from the first stream's start to the last one's end, the streams' setup included: a lower bound);
 
 and the kernel's counters on every node's link give each link's rate each way (TCP payload; see
-``netcluster.LinkCounters``). The driver runs on node 0, as Ray requires; the counters are read in the root network
+``netcluster.LinkCounters``), /proc/stat the machine's busy CPU meanwhile (cores busy, CPU seconds per byte moved). The driver runs on node 0, as Ray requires; the counters are read in the root network
 namespace (``nsenter`` into this script's own namespaces). Writes results.json into --out and prints one line per
 pattern. Linux and root only.
 """
@@ -43,6 +47,13 @@ def counters(outer_pid: int, name: str) -> dict[int, list[int]]:
     return {int(k): v for k, v in json.loads(r.stdout).items()}
 
 
+def busy_cpu_s() -> float:
+    """CPU seconds this machine spent busy so far (every core; /proc/stat, the same in every namespace)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 def inner(address: str, outer_pid: int, name: str, rate_bps: float) -> list[dict]:
     """(In node 0's namespace) the patterns; returns one record each."""
     import numpy as np
@@ -60,6 +71,10 @@ def inner(address: str, outer_pid: int, name: str, rate_bps: float) -> list[dict
         def fetch(self):
             return self.values
 
+        def push(self, g):
+            self.values += g
+            return 0
+
         def push_fetch(self, g):
             self.values += g
             return self.values
@@ -69,11 +84,16 @@ def inner(address: str, outer_pid: int, name: str, rate_bps: float) -> list[dict
         def __init__(self, holders):
             self.holders, self.g = holders, np.full(VALUES, 1e-3, np.float32)
 
-        def run(self, push: bool, seconds: float):
+        def run(self, mode: str, seconds: float):
             t0, steps = time.monotonic(), 0
             while time.monotonic() - t0 < seconds:
-                ray.get([h.push_fetch.remote(self.g) if push else h.fetch.remote() for h in self.holders],
-                        timeout=120)
+                if mode == "fetch":
+                    calls = [h.fetch.remote() for h in self.holders]
+                elif mode == "push+fetch":
+                    calls = [h.push_fetch.remote(self.g) for h in self.holders]
+                else:  # "prefetch": the next step's fetch sent first, then this step's push: both in flight
+                    calls = [c for h in self.holders for c in (h.fetch.remote(), h.push.remote(self.g))]
+                ray.get(calls, timeout=120)
                 steps += 1
             return steps, time.monotonic() - t0
 
@@ -83,21 +103,57 @@ def inner(address: str, outer_pid: int, name: str, rate_bps: float) -> list[dict
 
     holders = [on("12", Holder), on("13", Holder)]
     records = []
-    for label, caller_nodes, use, push in (("one pair, fetch", ["10"], holders[:1], False),
-                                           ("downpour pattern", ["10", "11"], holders, True)):
+    for label, caller_nodes, use, mode in (("one pair, fetch", ["10"], holders[:1], "fetch"),
+                                           ("downpour pattern", ["10", "11"], holders, "push+fetch"),
+                                           ("downpour, prefetch", ["10", "11"], holders, "prefetch")):
         callers = [on(n, Caller, use) for n in caller_nodes]
-        ray.get([c.run.remote(push, 1.0) for c in callers], timeout=120)  # warm
-        before = counters(outer_pid, name)
-        done = ray.get([c.run.remote(push, SECONDS) for c in callers], timeout=SECONDS + 120)
-        after = counters(outer_pid, name)
+        ray.get([c.run.remote(mode, 1.0) for c in callers], timeout=120)  # warm
+        before, cpu0 = counters(outer_pid, name), busy_cpu_s()
+        done = ray.get([c.run.remote(mode, SECONDS) for c in callers], timeout=SECONDS + 120)
+        after, cpu1 = counters(outer_pid, name), busy_cpu_s()
         seconds = max(d[1] for d in done)
+        moved = sum(after[i][0] - before[i][0] for i in after)  # every byte enters one node
         links = {i: [(after[i][j] - before[i][j]) * 8 / seconds / rate_bps for j in (0, 1)] for i in after}
         records.append({"pattern": label, "calls_per_caller": [d[0] for d in done], "seconds": seconds,
                         "links_to_from": links, "busiest_link": max(max(v) for v in links.values()),
-                        "total_gbit_per_s": sum(v[0] for v in links.values()) * rate_bps / 1e9})
+                        "total_gbit_per_s": moved * 8 / seconds / 1e9,
+                        # the machine's busy CPU over the pattern (two counter reads included), and per byte moved
+                        "busy_cores": (cpu1 - cpu0) / seconds, "cpu_s_per_byte": (cpu1 - cpu0) / moved})
         for c in callers:
             ray.kill(c)
     return records
+
+
+def raw_tcp(netcluster, c) -> dict:
+    """The Downpour pattern's eight streams in plain TCP at once (each replica node to each shard node and back,
+    100 MB each, ``netcluster.measure_tcp``): what the links carry without Ray."""
+    import threading
+
+    pairs = [(a, b) for a in (0, 1) for b in (2, 3)] + [(b, a) for a in (0, 1) for b in (2, 3)]
+    got: dict = {}
+
+    def one(i: int, a: int, b: int) -> None:
+        got[(a, b)] = netcluster.measure_tcp(c.name, a, b, megabytes=100, port=5310 + i)
+
+    threads = [threading.Thread(target=one, args=(i, a, b)) for i, (a, b) in enumerate(pairs)]
+    cpu0, t0 = busy_cpu_s(), time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    cpu1, seconds = busy_cpu_s(), time.monotonic() - t0  # from the first start to the last end (setup included)
+    if len(got) != len(pairs):
+        raise SystemExit("a raw TCP stream failed")
+    per_link = {i: [sum(g["bytes"] for (a, b), g in got.items() if b == i) * 8 / seconds / c.bandwidth_bps,
+                    sum(g["bytes"] for (a, b), g in got.items() if a == i) * 8 / seconds / c.bandwidth_bps]
+                for i in range(4)}
+    moved = sum(g["bytes"] for g in got.values())
+    return {"pattern": "raw TCP, same pairs", "streams_gbit_per_s": {f"{a}->{b}": g["gbit_per_s"]
+                                                                     for (a, b), g in got.items()},
+            "links_to_from": per_link, "busiest_link": max(max(v) for v in per_link.values()),
+            "total_gbit_per_s": moved * 8 / seconds / 1e9, "seconds": seconds,
+            "busy_cores": (cpu1 - cpu0) / seconds, "cpu_s_per_byte": (cpu1 - cpu0) / moved,
+            "calls_per_caller": []}
 
 
 def main(argv=None) -> int:
@@ -127,11 +183,15 @@ def main(argv=None) -> int:
                                env={**os.environ, "RAY_AUTH_MODE": "token"})
             if r.returncode != 0:
                 raise SystemExit(f"the probe failed:\n{r.stderr[-3000:]}")
-            for rec in json.loads(r.stdout.strip().splitlines()[-1]):
+            records = json.loads(r.stdout.strip().splitlines()[-1])
+            records.append(raw_tcp(netcluster, c))
+            for rec in records:
                 rec["bandwidth"] = bw
                 results["runs"].append(rec)
                 print(f"[{bw}] {rec['pattern']:17s} busiest link {rec['busiest_link']:.0%}, all links together "
-                      f"{rec['total_gbit_per_s']:.2f} Gbit/s, calls per caller {rec['calls_per_caller']}", flush=True)
+                      f"{rec['total_gbit_per_s']:.2f} Gbit/s, {rec['busy_cores']:.2f} cores busy, "
+                      f"{rec['cpu_s_per_byte'] * 1e9:.2f} ns of CPU a byte, calls per caller {rec['calls_per_caller']}",
+                      flush=True)
             (out / "results.json").write_text(json.dumps(results, indent=1))
         finally:
             netcluster.down(c.name)
