@@ -68,11 +68,13 @@ class _Producer:
 def fetch_times(producer, sizes: Sequence[int], count: int, cpu: Callable[[], float] = lambda: 0.0
                 ) -> tuple[list[tuple[int, float]], float, float]:
     """``(bytes, seconds)`` of each ``ray.get`` by this process of an object that ``producer`` (an actor on
-    another node) put, ``count`` objects of each of ``sizes``; and, over the gets of the largest size, what
-    ``cpu()`` (CPU seconds so far) grew by and the wall seconds they took."""
+    another node) put, ``count`` objects of each of ``sizes`` (of a large size, only as many as fill 256 MiB);
+    and, over the gets of the largest size, what ``cpu()`` (CPU seconds so far) grew by and the wall seconds
+    they took."""
     points, spent, wall = [], 0.0, 0.0
     for nbytes in sizes:
-        refs = ray.get(producer.put.remote(nbytes, count))  # made and sealed there before any timing
+        # made and sealed there before any timing; at most 256 MiB at once (the probes' stores hold 512 MiB)
+        refs = ray.get(producer.put.remote(nbytes, max(2, min(count, 2**28 // nbytes))))
         cpu0, t0 = cpu(), time.perf_counter()
         for ref in refs:
             t = time.perf_counter()

@@ -6,6 +6,10 @@ A ``World`` holds, for a ``Machines`` description and a ``Costs`` calibration:
   core for its duration, first come first served;
 - each node's link, one resource per direction (full duplex): a transfer holds the sender's uplink and the
   receiver's downlink for its bytes at the link rate times ``link_efficiency``;
+- on rate-limited links, each node's object plane (Ray's object manager on that node): one object at a time, in
+  or out, for its bytes and its fixed cost. Measured on the shaped cluster (benchmarks/object_plane.py), a node's
+  object transfers add up to about one link's worth in and out together, where plain TCP fills both directions
+  of every link at once: a node that sends while it receives gets half the rate each way;
 - each shard's actor: one call at a time (Ray runs a shard's calls in order, ``max_concurrency = 1``).
 
 Everything busy is accounted (seconds per core pool, per shard; bytes per link direction) for the utilisation
@@ -39,6 +43,7 @@ class World:
             self.pool_cores = [machines.cores_per_node] * n
         self.up = [simpy.Resource(env, capacity=1) for _ in range(n)]
         self.down = [simpy.Resource(env, capacity=1) for _ in range(n)]
+        self.plane = [simpy.Resource(env, capacity=1) for _ in range(n)]
         self.cpu_busy = defaultdict(float)  # pool -> core-seconds
         self.link_bytes = defaultdict(float)  # (node, "up" | "down") -> bytes
         self.rate = machines.bytes_per_s * costs.link_efficiency  # bytes/s a transfer gets on a link
@@ -83,6 +88,27 @@ class World:
                 yield from self.copy(src, nbytes)
             return
         inline = nbytes <= INLINE_BYTES
+        if inline or math.isinf(self.rate):
+            yield from self._cross(src, dst, nbytes, inline)
+            lat = self.machines.latency_s + (0.0 if inline else c.objstore_call_s)
+        else:
+            # both nodes' object planes, in node order (two transfers never wait for each other's), for the
+            # bytes and the object's fixed cost
+            first, second = sorted((src, dst))
+            with self.plane[first].request() as p1:
+                yield p1
+                with self.plane[second].request() as p2:
+                    yield p2
+                    yield from self._cross(src, dst, nbytes, inline)
+                    if c.link_object_s:
+                        yield self.env.timeout(c.link_object_s)
+            lat = self.machines.latency_s
+        if lat:
+            yield self.env.timeout(lat)
+
+    def _cross(self, src: int, dst: int, nbytes: float, inline: bool):
+        """The bytes on the sender's uplink and the receiver's downlink (and the object manager's CPU)."""
+        c = self.costs
         with self.up[src].request() as u:
             yield u
             with self.down[dst].request() as d:
@@ -97,10 +123,6 @@ class World:
                     yield self.env.timeout(hold)
         for key in ((src, "up"), (dst, "down")):
             self.link_bytes[key] += nbytes
-        fixed = c.objstore_call_s if math.isinf(self.rate) else c.link_object_s
-        lat = self.machines.latency_s + (0.0 if inline else fixed)
-        if lat:
-            yield self.env.timeout(lat)
 
     def occupy(self, node: int, way: str, nbytes: float):
         """Hold ``node``'s link one ``way`` ("up" or "down") for ``nbytes`` at the link rate: the traffic of the

@@ -246,3 +246,27 @@ def test_repeated_measurements_are_kept_and_their_median_compared():
     [m] = median_records([[rec(100.0, 1.0)], [rec(300.0, 0.5)], [rec(200.0, 2.0)]])
     assert m["examples_per_s"] == 200.0 and m["examples_per_s_runs"] == [100.0, 300.0, 200.0]
     assert m["staleness_mean"] == 1.0 and m["source"] == ["s100.0", "s300.0", "s200.0"]
+
+
+def test_a_node_object_plane_carries_one_object_at_a_time_in_or_out():
+    """On a rate-limited link, two objects crossing between the same two nodes in opposite directions take twice
+    one's time (each node's object plane moves one object at a time, as measured on the shaped cluster), where
+    two objects between disjoint pairs of nodes cross at once; on an unlimited link (one machine's loopback) they
+    cross at once too."""
+    import simpy
+
+    from distbelief.simulate.engine import World
+
+    def finish(pairs, bandwidth=1e9, fixed=0.0):
+        env = simpy.Environment()
+        costs = free_costs(link_object_s=fixed, objstore_bytes_per_s=1.25e8 if math.isinf(bandwidth) else 1e30)
+        world = World(env, Machines(4, 1, bandwidth=bandwidth), costs)
+        done = [env.process(world.send(a, b, 1.25e8)) for a, b in pairs]  # 1 s at 1 Gbit/s each
+        env.run(env.all_of(done))
+        return env.now
+
+    assert finish([(0, 2)]) == pytest.approx(1.0)
+    assert finish([(0, 2), (2, 0)]) == pytest.approx(2.0)  # full-duplex links, but one plane per node
+    assert finish([(0, 2), (1, 3)]) == pytest.approx(1.0)
+    assert finish([(0, 2), (2, 0)], fixed=0.01) == pytest.approx(2.02)  # the fixed cost holds the planes too
+    assert finish([(0, 2), (2, 0)], bandwidth=math.inf) == pytest.approx(1.0)  # the object store's rate, at once
