@@ -33,6 +33,8 @@ import sys
 import time
 from pathlib import Path
 
+from distbelief.simulate.calibrate import busy_seconds  # the machine's busy CPU so far (/proc/stat)
+
 ROOT = Path(__file__).resolve().parent.parent
 VALUES = int(4.6e6 / 4)
 SECONDS = 15.0
@@ -45,13 +47,6 @@ def counters(outer_pid: int, name: str) -> dict[int, list[int]]:
     r = subprocess.run(["nsenter", "-t", str(outer_pid), "-m", "-n", sys.executable, "-c", code], cwd=ROOT,
                        capture_output=True, text=True, check=True, timeout=60)
     return {int(k): v for k, v in json.loads(r.stdout).items()}
-
-
-def busy_cpu_s() -> float:
-    """CPU seconds this machine spent busy so far (every core; /proc/stat, the same in every namespace)."""
-    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    idle = fields[3] + fields[4]  # idle + iowait
-    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
 def inner(address: str, outer_pid: int, name: str, rate_bps: float) -> list[dict]:
@@ -108,9 +103,9 @@ def inner(address: str, outer_pid: int, name: str, rate_bps: float) -> list[dict
                                            ("downpour, prefetch", ["10", "11"], holders, "prefetch")):
         callers = [on(n, Caller, use) for n in caller_nodes]
         ray.get([c.run.remote(mode, 1.0) for c in callers], timeout=120)  # warm
-        before, cpu0 = counters(outer_pid, name), busy_cpu_s()
+        before, cpu0 = counters(outer_pid, name), busy_seconds()
         done = ray.get([c.run.remote(mode, SECONDS) for c in callers], timeout=SECONDS + 120)
-        after, cpu1 = counters(outer_pid, name), busy_cpu_s()
+        after, cpu1 = counters(outer_pid, name), busy_seconds()
         seconds = max(d[1] for d in done)
         moved = sum(after[i][0] - before[i][0] for i in after)  # every byte enters one node
         links = {i: [(after[i][j] - before[i][j]) * 8 / seconds / rate_bps for j in (0, 1)] for i in after}
@@ -136,12 +131,12 @@ def raw_tcp(netcluster, c) -> dict:
         got[(a, b)] = netcluster.measure_tcp(c.name, a, b, megabytes=100, port=5310 + i)
 
     threads = [threading.Thread(target=one, args=(i, a, b)) for i, (a, b) in enumerate(pairs)]
-    cpu0, t0 = busy_cpu_s(), time.monotonic()
+    cpu0, t0 = busy_seconds(), time.monotonic()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    cpu1, seconds = busy_cpu_s(), time.monotonic() - t0  # from the first start to the last end (setup included)
+    cpu1, seconds = busy_seconds(), time.monotonic() - t0  # from the first start to the last end (setup included)
     if len(got) != len(pairs):
         raise SystemExit("a raw TCP stream failed")
     per_link = {i: [sum(g["bytes"] for (a, b), g in got.items() if b == i) * 8 / seconds / c.bandwidth_bps,
@@ -166,7 +161,6 @@ def main(argv=None) -> int:
         address, pid, name, rate = args.inner
         print(json.dumps(inner(address, int(pid), name, float(rate))))
         return 0
-    sys.path.insert(0, str(ROOT))
     from distbelief.runtime import netcluster
 
     netcluster.require_root_linux()
