@@ -140,7 +140,9 @@ def test_qsgd_is_unbiased():
 
 
 _TORCH_POWERSGD = """
+import os
 import sys
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -169,8 +171,6 @@ for w, g in weights_and_grads:
     (ddp(x) * g.t()).sum().backward()
     out.append((lin.weight.grad.clone(), err if compressing else None))
 torch.save(out, sys.argv[2])
-sys.stdout.flush()
-import os
 os._exit(0)  # no teardown of the gloo group: its destructors have deadlocked and aborted in the past
 """
 
