@@ -57,8 +57,9 @@ COPY_BYTES = 32 * 2**20
 # Object sizes through the object store: ~200 KB (over Ray's 100 KiB limit for inline values, so it goes
 # through the store) shows the fixed cost, 1 MiB and 8 MiB the rate.
 OBJSTORE_SIZES = (200_000, 2**20, 8 * 2**20)
-# Up to 64 MiB: objects past Ray's 5 MiB chunk move slower per byte than 4-8 MiB ones (the paper model's 84 MB parts
-# waited 4.0 s a step where a fit over 4-8 MiB said 2.8 s), and the fit's rate is what large parts get.
+# Up to 64 MiB, so that the fitted rate covers parts as large as a big model's (the paper model's are 84 MB). One
+# object at a time, one way, a 64 MiB one crosses a 1 Gbit/s link at about 0.94 Gbit/s; that such parts wait
+# longer in a run is the object plane's doing when a node sends and receives at once (simulate/engine.py).
 LINK_SIZES = (4 * 2**20, 8 * 2**20, 64 * 2**20)
 LINK_BANDWIDTH = "1gbit"
 LINK_CLUSTER = ("dbcal", "10.78.0")  # name and subnet of the shaped cluster: never a user's (dbnet, 10.77.0)
