@@ -254,10 +254,12 @@ class ParameterShard(DurableShard, ReplicatedShard, VectorAlgebra, ShardTables):
             m[:] = self.version
         self._reset_changes()
 
-    def _mark_changed_at(self, positions: np.ndarray) -> None:
-        """Record that the values at ``positions`` (local, increasing) changed at this version, and log them."""
+    def _mark_changed_at(self, positions: torch.Tensor, values: torch.Tensor) -> None:
+        """Record that the values at ``positions`` (local, increasing) whose pushed ``values`` are not 0 changed at
+        this version, and log them."""
         if self._modified is None:
             return
+        positions = positions[values != 0].numpy().astype(np.int32)
         self._modified[positions] = self.version
         self._changes.append((self.version, positions))
         self._changes_size += positions.size
@@ -388,7 +390,7 @@ class ParameterShard(DurableShard, ReplicatedShard, VectorAlgebra, ShardTables):
         for k, v in state.items():
             self.opt_state[k].index_copy_(0, positions, v)
         self._count_push(staleness, num_examples, session, seq)
-        self._mark_changed_at(positions[values != 0].numpy().astype(np.int32))
+        self._mark_changed_at(positions, values)
         self._after_update(0, self.hi - self.lo, int(num_examples), None, session, seq, None, scale)
         return self.version
 
