@@ -25,7 +25,7 @@ from distbelief.ps.arrays import PARAMS, all_finite, as_tensor
 from distbelief.ps.durability import Durability, DurableShard, SnapshotWriter
 from distbelief.ps.memory import process_memory, tensor_bytes
 from distbelief.ps.replication import ReplicatedShard
-from distbelief.ps.rules import persistent
+from distbelief.ps.rules import persistent, steps_pushed_values_alone
 from distbelief.ps.tables import ShardTables
 from distbelief.ps.vectors import VECTOR_OPS, VectorAlgebra
 
@@ -366,9 +366,8 @@ class ParameterShard(DurableShard, ReplicatedShard, VectorAlgebra, ShardTables):
         scheme's part of our whole range (``--compress topk``), no table rows, a rule that is elementwise and
         keeps values whose gradient is 0, and nothing that needs the dense gradient (a write-ahead log, a
         backup). None otherwise: the push is decoded and applied densely, with the same result."""
-        rule = self.optimizer
         if (rows is not None or self._wal is not None or self._backup is not None
-                or not getattr(rule, "elementwise", False) or not getattr(rule, "zero_gradient_keeps", False)):
+                or not steps_pushed_values_alone(self.optimizer)):
             return None
         return sparse_push(grad, self.lo, self.hi)
 

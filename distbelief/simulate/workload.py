@@ -98,11 +98,9 @@ class Workload:
     def sparse_pushes(self) -> bool:
         """Whether a shard steps only the values a push carries (top-k under an elementwise rule that keeps values
         whose gradient is 0: ps/shard.py) instead of decoding the push and running the rule over its range."""
-        from distbelief.ps.rules import RULES
+        from distbelief.ps.rules import RULES, steps_pushed_values_alone
 
-        rule = RULES.get(self.rule)
-        return (self.compress == "topk" and getattr(rule, "elementwise", False)
-                and getattr(rule, "zero_gradient_keeps", False))
+        return self.compress == "topk" and steps_pushed_values_alone(RULES.get(self.rule))
 
     def push_values(self) -> list[int]:
         """Values a shard steps per push: those a sparse push carries (``sparse_pushes``), else every value of its

@@ -49,7 +49,7 @@ from distbelief.ps.rules.rowwise_adagrad import RowwiseAdagrad
 from distbelief.ps.rules.sgd import SGD
 
 __all__ = ["RULES", "SGD", "Adagrad", "RowwiseAdagrad", "has_torch_optimizer", "make_rule", "persistent",
-           "register", "rule_names"]
+           "register", "rule_names", "steps_pushed_values_alone"]
 
 # name (the --optimizer choice) -> rule class. One line per rule.
 RULES: dict[str, type] = {
@@ -95,6 +95,12 @@ def make_rule(name: str, *, lr: float, eps: float = 1e-10, initial_accumulator: 
                 "staleness_aware": staleness_aware}
     declared = {f.name for f in dataclasses.fields(cls)}
     return cls(**{k: v for k, v in settings.items() if k in declared})
+
+
+def steps_pushed_values_alone(rule) -> bool:
+    """Whether ``rule`` may step only the values a sparse push carries: it is ``elementwise`` and leaves a value
+    whose gradient is 0 as it is (``zero_gradient_keeps``)."""
+    return bool(getattr(rule, "elementwise", False) and getattr(rule, "zero_gradient_keeps", False))
 
 
 def has_torch_optimizer(name: str) -> bool:
