@@ -100,7 +100,6 @@ def run_on_cluster(c: netcluster.Cluster, name: str, settings: dict, run_dir: Pa
     rec["initial_bytes"] = 4 * s["num_parameters"]
     if rec["pushed_bytes_summary"]:
         rec["pushed_agreement"] = into_shards / rec["pushed_bytes_summary"]
-        rec["pushed_agreement_with_initial"] = into_shards / (rec["pushed_bytes_summary"] + rec["initial_bytes"])
         rec["fetched_agreement"] = out_of_shards / rec["fetched_bytes_summary"]
     return rec
 
@@ -126,8 +125,8 @@ def report(out: Path) -> str:
         out_ratio = " / ".join(f"{links[i]['from_node'] / max(1, steps[i]) / push:.3f}" for i in (0, 1))
         ttt = r["time_to_target_s"]
         pushed = r.get("pushed_bytes_summary") or 0
-        with_initial = (f"{r['into_shard_nodes_bytes'] / (pushed + 4 * s['num_parameters']):.3f}" if pushed
-                        else "n/a")
+        initial = r.get("initial_bytes", 4 * s["num_parameters"])  # (records before it was kept: the same)
+        with_initial = f"{r['into_shard_nodes_bytes'] / (pushed + initial):.3f}" if pushed else "n/a"
         lines.append(f"| {r['bandwidth']} | {r['model']} | {r.get('compress') or 'none'} / "
                      f"{r.get('compress_fetch') or 'none'} | {r['examples_per_s']:,.0f} | "
                      f"{'not reached' if ttt is None else f'{ttt:.0f}'} | {r['busiest_link_utilization']:.0%} | "
