@@ -58,10 +58,60 @@ def inner(address: str, outer_pid: int, name: str, rate_bps: float) -> list[dict
     ray.init(address=address, logging_level="ERROR")
     node_of = {n["NodeManagerAddress"].rsplit(".", 1)[1]: n["NodeID"] for n in ray.nodes() if n["Alive"]}
 
-    @ray.remote(num_cpus=0)
+    def gloo_pair(host: str, port: int, prefix: str, rank: int, is_master: bool):
+        """A two-rank gloo process group (torch.distributed) between a caller and a holder: ``host`` runs the
+        rendezvous store."""
+        import datetime
+
+        import torch.distributed as dist
+        timeout = datetime.timedelta(seconds=120)
+        store = dist.PrefixStore(prefix, dist.TCPStore(host, port, is_master=is_master, wait_for_workers=False,
+                                                       timeout=timeout))
+        opts = dist.ProcessGroupGloo._Options()
+        opts._timeout = timeout
+        opts._devices = [dist.ProcessGroupGloo.create_device(hostname=ray.util.get_node_ip_address())]
+        return store, dist.ProcessGroupGloo(store, rank, 2, opts)
+
+    def gloo_steps(pg, send, recv, iters: int, duplex: bool, first_send: bool, depth: int = 1):
+        """``iters`` exchanges on ``pg``: ``send`` one way and ``recv`` the other, one after the other (the sender
+        of a push first) or both at once, with up to ``depth`` exchanges in flight."""
+        import datetime
+        t = datetime.timedelta(seconds=120)
+        peer = 1 - pg.rank()
+        if not duplex:
+            for _ in range(iters):
+                if first_send:
+                    pg.send([send], peer, 0).wait(t)
+                    pg.recv([recv], peer, 1).wait(t)
+                else:
+                    pg.recv([recv], peer, 0).wait(t)
+                    pg.send([send], peer, 1).wait(t)
+            return
+        pending = []
+        for _ in range(iters):
+            pending.append([pg.send([send], peer, 0), pg.recv([recv], peer, 1)] if first_send
+                           else [pg.recv([recv], peer, 0), pg.send([send], peer, 1)])
+            if len(pending) >= depth:
+                for w in pending.pop(0):
+                    w.wait(t)
+        for ws in pending:
+            for w in ws:
+                w.wait(t)
+
+    @ray.remote(num_cpus=0, max_concurrency=8)
     class Holder:
         def __init__(self):
             self.values = np.ones(VALUES, np.float32)
+            self.pairs = {}
+
+        def gloo_open(self, host, port, prefix):
+            self.pairs[prefix] = gloo_pair(host, port, prefix, 1, False)
+
+        def gloo_serve(self, prefix, iters, duplex, depth):
+            import torch
+            g = torch.empty(VALUES)
+            gloo_steps(self.pairs[prefix][1], torch.from_numpy(self.values), g, iters, duplex, False, depth)
+            return iters
 
         def fetch(self):
             return self.values
@@ -74,10 +124,42 @@ def inner(address: str, outer_pid: int, name: str, rate_bps: float) -> list[dict
             self.values += g
             return self.values
 
-    @ray.remote(num_cpus=0)
+    @ray.remote(num_cpus=0, max_concurrency=4)
     class Caller:
         def __init__(self, holders):
             self.holders, self.g = holders, np.full(VALUES, 1e-3, np.float32)
+
+        def gloo_open(self, index):
+            """One gloo pair with each holder (this caller runs the rendezvous store)."""
+            import socket
+            with socket.socket() as sock:
+                sock.bind(("", 0))
+                port = sock.getsockname()[1]
+            host = ray.util.get_node_ip_address()
+            self.pairs = []
+            for k, h in enumerate(self.holders):
+                prefix = f"c{index}-h{k}"
+                opened = h.gloo_open.remote(host, port, prefix)
+                self.pairs.append((prefix, gloo_pair(host, port, prefix, 0, k == 0)))
+                ray.get(opened, timeout=120)
+            return True
+
+        def gloo_run(self, iters: int, duplex: bool, depth: int = 1):
+            """``iters`` steps, each sending every holder 4.6 MB and receiving 4.6 MB back (both holders at once)."""
+            import threading
+
+            import torch
+            t0 = time.monotonic()
+            serving = [h.gloo_serve.remote(prefix, iters, duplex, depth) for h, (prefix, _) in zip(self.holders, self.pairs)]
+            threads = [threading.Thread(target=gloo_steps, args=(pair[1], torch.from_numpy(self.g),
+                                                                 torch.empty(VALUES), iters, duplex, True, depth))
+                       for _, pair in self.pairs]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            ray.get(serving, timeout=120)
+            return iters, time.monotonic() - t0
 
         def run(self, mode: str, seconds: float):
             t0, steps = time.monotonic(), 0
@@ -116,6 +198,26 @@ def inner(address: str, outer_pid: int, name: str, rate_bps: float) -> list[dict
                         "busy_cores": (cpu1 - cpu0) / seconds, "cpu_s_per_byte": (cpu1 - cpu0) / moved})
         for c in callers:
             ray.kill(c)
+    # gloo (torch.distributed's TCP transport) between the same actors: the bytes leave Ray's object store
+    for label, duplex, iters, depth in (("gloo, push then fetch", False, 100, 1),
+                                        ("gloo, push and fetch at once", True, 160, 1),
+                                        ("gloo, at once, 2 in flight", True, 200, 2)):
+        holders = [on("12", Holder), on("13", Holder)]
+        callers = [on(n, Caller, holders) for n in ("10", "11")]
+        ray.get([c.gloo_open.remote(i) for i, c in enumerate(callers)], timeout=240)
+        ray.get([c.gloo_run.remote(5, duplex, depth) for c in callers], timeout=240)  # warm
+        before, cpu0 = counters(outer_pid, name), busy_seconds()
+        done = ray.get([c.gloo_run.remote(iters, duplex, depth) for c in callers], timeout=600)
+        after, cpu1 = counters(outer_pid, name), busy_seconds()
+        seconds = max(d[1] for d in done)
+        moved = sum(after[i][0] - before[i][0] for i in after)
+        links = {i: [(after[i][j] - before[i][j]) * 8 / seconds / rate_bps for j in (0, 1)] for i in after}
+        records.append({"pattern": label, "calls_per_caller": [d[0] for d in done], "seconds": seconds,
+                        "links_to_from": links, "busiest_link": max(max(v) for v in links.values()),
+                        "total_gbit_per_s": moved * 8 / seconds / 1e9,
+                        "busy_cores": (cpu1 - cpu0) / seconds, "cpu_s_per_byte": (cpu1 - cpu0) / moved})
+        for a in callers + holders:
+            ray.kill(a)
     return records
 
 

@@ -20,7 +20,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from distbelief.exceptions import ClusterUnreachableError, ConfigError, RemoteTimeoutError, RoleFailedError
-from distbelief.runtime import forwarded, shm, transports
+from distbelief.runtime import forwarded, shm, streams, transports
 from distbelief.runtime.base import Future, Role, Runtime, ShardClient, SplitFuture, _Mapped, at_offset
 from distbelief.runtime.clocks import ClockGate
 from distbelief.runtime.partition_ray import create_ray_partition_group, kill_ray_partition
@@ -184,6 +184,8 @@ class RoleActor:
         # Bytes of the arrays that arrived as call arguments: what really reached this process (a shard's own
         # counters count what it read, which is its range even when it was handed a whole vector).
         self.received = 0
+        self._streams: dict[str, Any] = {}  # a shard's ends of replicas' streams (runtime/streams.py), by name
+        self._stream_timeout_s = 120.0
 
     def call(self, method: str, *args, **kwargs):
         self.received += _array_bytes(args)
@@ -217,6 +219,47 @@ class RoleActor:
 
     def push_fetch_shm(self, push_path: str, fetch_path: str, size: int, *push_args):
         return forwarded.answer(self.obj, self._shm.push_fetch(self.obj, push_path, fetch_path, size, *push_args))
+
+    # The stream data plane (runtime/streams.py): the bulk bytes of a push or fetch come by a replica's stream.
+    def stream_open(self, name: str, host: str, port: int, size: int, timeout_s: float) -> bool:
+        """Join the stream ``name`` that a replica is opening at the same time (its store at ``host:port``)."""
+        for old in [n for n, end in self._streams.items() if end.error is not None]:
+            self._streams.pop(old).close()  # replicas that are gone
+        store = streams.open_store(host, port, False, timeout_s)
+        pg = streams.open_pair(store, name, 1, ray.util.get_node_ip_address(), timeout_s, streams.FOREVER)
+        self._streams[name] = streams.ShardEnd(pg, size, f"stream {name}", store)
+        self._stream_timeout_s = timeout_s
+        return True
+
+    def _stream(self, name: str):
+        end = self._streams.get(name)
+        if end is None:
+            raise streams.StreamBroken(f"no stream {name} here (this shard was restarted)")
+        return end
+
+    def _push_streamed(self, name: str, index: int, push_args: tuple):
+        g = self._stream(name).take_push(index, self._stream_timeout_s)
+        self.received += g.nbytes
+        replica_id, *rest = push_args
+        return self.obj.push(replica_id, g, *rest)
+
+    def _fetch_streamed(self, name: str, index: int, replica_id: int) -> int:
+        values, version = self.obj.fetch(replica_id)
+        self._stream(name).send_fetch(index, values)
+        return version
+
+    def push_stream(self, name: str, index: int, *push_args):
+        """``push`` with the gradient taken from stream ``name`` (its push number ``index``); ``push_args`` are
+        push's other arguments in order (replica id, offset, version, examples, session, seq)."""
+        return forwarded.answer(self.obj, self._push_streamed(name, index, push_args))
+
+    def fetch_stream(self, name: str, index: int, replica_id: int) -> int:
+        """``fetch``, its values sent on stream ``name`` (its fetch number ``index``); returns the version."""
+        return self._fetch_streamed(name, index, replica_id)
+
+    def push_fetch_stream(self, name: str, push_index: int, fetch_index: int, *push_args):
+        pushed = self._push_streamed(name, push_index, push_args)
+        return forwarded.answer(self.obj, (pushed, self._fetch_streamed(name, fetch_index, push_args[0])))
 
     def pid(self) -> int:
         return os.getpid()
@@ -299,8 +342,9 @@ class RayClocks(ClockGate):
         return _RayFuture(self.actor.stats.remote(), "the clock table").result(timeout_s)
 
 
-def _build_replica(shard_handles, layout, replica_id, timeout_s, factory, shm_prefix=None, colocate=True):
-    return factory(RayShardClient(shard_handles, layout, replica_id, timeout_s, shm_prefix, colocate))
+def _build_replica(shard_handles, layout, replica_id, timeout_s, factory, shm_prefix=None, colocate=True,
+                   stream=False):
+    return factory(RayShardClient(shard_handles, layout, replica_id, timeout_s, shm_prefix, colocate, stream))
 
 
 class _RaySplit(SplitFuture):
@@ -327,10 +371,10 @@ class RayShardClient(ShardClient):
     (runtime/transports/), the fastest that works where the client runs."""
 
     def __init__(self, shard_handles, layout, replica_id: int, timeout_s: float = 120.0,
-                 shm_prefix: str | None = None, colocate: bool = True):
+                 shm_prefix: str | None = None, colocate: bool = True, stream: bool = False):
         super().__init__(shard_handles, layout)
         self.replica_id, self.timeout_s = replica_id, timeout_s
-        self.transport = transports.choose(self, shm_prefix, colocate)
+        self.transport = transports.choose(self, shm_prefix, colocate, stream)
 
     @property
     def colocated(self) -> list | None:
@@ -392,7 +436,7 @@ class RayRuntime(Runtime):
 
     def __init__(self, address: str | None = None, num_cpus: int | None = None, replica_cpus: float = 1.0,
                  shard_cpus: float = 0.0, startup_timeout_s: float = 180.0, remote_timeout_s: float = 120.0,
-                 use_shm: bool = True, colocate: bool = True):
+                 use_shm: bool = True, colocate: bool = True, use_streams: bool = True):
         connect(address, num_cpus)
         self.replica_cpus, self.shard_cpus = replica_cpus, shard_cpus
         self.partition_cpus = 1.0  # each partition actor of a partitioned replica (partition_ray)
@@ -410,6 +454,8 @@ class RayRuntime(Runtime):
         self.shm_prefix = shm.new_prefix() if use_shm and shm.available() else None
         # ... and apply their pushes to the shards' memory themselves (ps/colocated.py), unless told not to.
         self.colocate = colocate
+        # Across nodes, dense replicas move their bulk bytes on gloo streams to the shards (runtime/streams.py).
+        self.streams = use_streams
         if self.shm_prefix:
             shm.remove_stale()  # buffers of runs whose driver was killed before it could remove them
 
@@ -542,7 +588,7 @@ class RayRuntime(Runtime):
         actor = RoleActor.options(num_cpus=self.replica_cpus, num_gpus=self.replica_gpus, max_concurrency=4,
                                   max_restarts=0).remote(
             threads, _build_replica, handles, layout, replica_id, self.remote_timeout_s, factory,
-            self.shm_prefix if dense else None, self.colocate and dense)
+            self.shm_prefix if dense else None, self.colocate and dense, self.streams and dense)
         self._actors.append(actor)
         return Role("replica", replica_id, actor)
 

@@ -167,7 +167,7 @@ def test_a_downpour_run_over_shaped_links_moves_the_bytes_its_counters_say(tmp_p
         assert run.returncode == 0, run.stderr[-3000:]
         summary = json.loads((out / "summary.json").read_text())
         assert summary["runtime"] == "ray" and summary["steps_per_replica"] == [60, 60]
-        assert summary["replica_transports"] == {"object-store": 2}  # across nodes: no shared memory
+        assert summary["replica_transports"] == {"stream": 2}  # across nodes: the gloo streams
 
         rec = _last_record(out)
         pushed, fetched = rec["bytes_pushed"], rec["bytes_fetched"]

@@ -5,6 +5,8 @@ bookkeeping, splitting a push's table rows by shard once, acknowledgements — a
 transport, chosen when the client is built:
 
 - :mod:`.object_store` — Ray calls whose arrays travel through Ray's object store; works everywhere, across nodes.
+- :mod:`.stream` — across nodes, a dense replica's pushes and fetches travel on a gloo stream per shard
+  (runtime/streams.py) beside the Ray call; the rest, and any shard whose stream fails, the object store's way.
 - :mod:`.shared_memory` — on one machine, the bulk bytes go through the replica's buffers in ``/dev/shm`` and the
   Ray call carries only their names (runtime/shm.py).
 - :mod:`.colocated` — on one machine, the replica applies its pushes to the shards' shared memory itself, under
@@ -24,14 +26,18 @@ from distbelief.runtime.transports.base import ShardTransport
 from distbelief.runtime.transports.colocated import ColocatedTransport
 from distbelief.runtime.transports.object_store import ObjectStoreTransport
 from distbelief.runtime.transports.shared_memory import SharedMemoryTransport
+from distbelief.runtime.transports.stream import StreamTransport
 
 
-def choose(client: ShardClient, shm_prefix: str | None, colocate: bool) -> ShardTransport:
+def choose(client: ShardClient, shm_prefix: str | None, colocate: bool, stream: bool = False) -> ShardTransport:
     """The fastest transport that works where ``client`` runs: co-located updates, else the shared-memory plane
-    (both only on a one-node cluster, with a prefix from the runtime and room in ``/dev/shm``), else the object
-    store. The driver's client (replica id -1) never co-locates: it only reads."""
+    (both only on a one-node cluster, with a prefix from the runtime and room in ``/dev/shm``), else, across nodes,
+    streams for a replica that may use them (``stream``: dense pushes), else the object store. The driver's client
+    (replica id -1) never co-locates nor streams: it only reads, now and then."""
     total = client.layout.total
     single_node = sum(1 for n in ray.nodes() if n.get("Alive")) == 1
+    if not single_node and stream and client.replica_id >= 0:
+        return StreamTransport(client, client.timeout_s)
     if not (shm_prefix and single_node and shm.available() and shm.has_room(3 * 4 * total)):
         return ObjectStoreTransport(client, single_node)
     plane = SharedMemoryTransport(client, shm_prefix)

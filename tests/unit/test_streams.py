@@ -1,0 +1,78 @@
+"""The stream between a replica and a shard (runtime/streams.py), both ends in this process over loopback: bytes
+arrive exactly and in order, a message named out of order or a closed end is a StreamBroken error at once, never a
+wrong array."""
+
+import gc
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from distbelief.runtime import streams
+
+
+def _pair(size: int):
+    host = "127.0.0.1"
+    port = streams.free_port(host)
+    store = streams.open_store(host, port, True, 30)
+    got = {}
+
+    def shard_side():
+        joined = streams.open_store(host, port, False, 30)
+        got["shard"] = streams.ShardEnd(streams.open_pair(joined, "p", 1, host, 30, streams.FOREVER), size, "s",
+                                        joined)
+
+    t = threading.Thread(target=shard_side)
+    t.start()
+    replica = streams.ReplicaEnd(streams.open_pair(store, "p", 0, host, 30), size, "r")
+    t.join(30)
+    return store, replica, got["shard"]
+
+
+def test_pushes_and_fetches_arrive_exactly_in_order():
+    store, replica, shard = _pair(1000)
+    rng = np.random.default_rng(0)
+    sent = [rng.standard_normal(1000).astype(np.float32) for _ in range(3)]
+    works = [replica.push(v) for v in sent]
+    assert [i for i, _ in works] == [1, 2, 3]
+    for i, v in enumerate(sent, 1):
+        assert np.array_equal(shard.take_push(i, 10), v)
+    for _, w in works:
+        streams.wait(w, time.monotonic() + 10, "push")
+    answer = rng.standard_normal(1000).astype(np.float32)
+    index, work, buf = replica.fetch()
+    shard.send_fetch(index, answer)
+    answer_copy = answer.copy()
+    answer[:] = 0  # the shard's live values change after it answered: the answer was a copy
+    streams.wait(work, time.monotonic() + 10, "fetch")
+    assert index == 1 and np.array_equal(buf.numpy(), answer_copy)
+    replica.close("done")
+    shard.close()
+
+
+def test_a_message_named_out_of_order_or_of_the_wrong_size_is_refused():
+    store, replica, shard = _pair(10)
+    replica.push(np.ones(10, np.float32))
+    with pytest.raises(streams.StreamBroken, match="push 2 asked for after push 0"):
+        shard.take_push(2, 10)
+    with pytest.raises(streams.StreamBroken, match="fetch 2 answered after fetch 0"):
+        shard.send_fetch(2, np.ones(10, np.float32))
+    with pytest.raises(streams.StreamBroken, match="5 float32 values, not 10"):
+        shard.send_fetch(1, np.ones(5, np.float32))
+    with pytest.raises(streams.StreamBroken, match="did not arrive within"):
+        shard.take_push(1, 10) is not None and shard.take_push(2, 0.2)
+    replica.close("done")
+    shard.close()
+
+
+def test_a_closed_replica_end_breaks_the_shard_end_at_once():
+    store, replica, shard = _pair(10)
+    replica.close("the replica died")  # (as its process's exit would: the connection closes)
+    gc.collect()
+    t0 = time.monotonic()
+    with pytest.raises(streams.StreamBroken, match="closed"):
+        shard.take_push(1, 30)
+    assert time.monotonic() - t0 < 30  # the closed connection, not the timeout
+    assert shard.error is not None
+    shard.close()
