@@ -36,6 +36,7 @@ PY = sys.executable
 # name -> the compression settings of a run (everything else is the recipe's Downpour + Adagrad)
 CONFIGS = {
     "none": {},
+    "none-overlap": {"overlap": True},
     "topk-delta": {"compress": "topk", "compress_ratio": 0.01, "compress_fetch": "delta"},
     "topk-fp16": {"compress": "topk", "compress_ratio": 0.01, "compress_fetch": "fp16"},
     "topk": {"compress": "topk", "compress_ratio": 0.01},

@@ -454,7 +454,7 @@ def make_runtime(cfg: RunConfig):
         return InProcessRuntime(remote_timeout_s=cfg.remote_timeout_s)
     from distbelief.runtime.ray_runtime import RayRuntime
 
-    return RayRuntime(address=cfg.address or None, remote_timeout_s=cfg.remote_timeout_s)
+    return RayRuntime(address=cfg.address or None, remote_timeout_s=cfg.remote_timeout_s, use_streams=cfg.streams)
 
 
 @dataclass

@@ -174,6 +174,7 @@ class RunConfig:
     device: str = "cpu"
     max_replica_restarts: int = 3
     remote_timeout_s: float = 120.0
+    streams: bool = True
     # durability of the parameter shards: off, snapshot (background snapshots) or log (snapshots + write-ahead log)
     durability: str = "snapshot"
     checkpoint_every_seconds: float = 30.0
@@ -566,6 +567,9 @@ FIELD_HELP: dict[str, str] = {
               "stay on the CPU; the CUDA path is not run by the test suite (docs/api.md, Devices)",
     "max_replica_restarts": "how many times a dead replica is restarted before the run goes on without it",
     "remote_timeout_s": "how long any remote call may take before the run fails with a timeout",
+    "streams": "across nodes, move a replica's uncompressed pushes and fetches on a gloo stream (torch.distributed) "
+               "per shard instead of Ray's object store, which filled under half of a link in Downpour's pattern "
+               "(docs/cluster.md); --no-streams: the object store",
     "durability": "how a dead parameter shard gets its state back: off (the run fails), snapshot (each shard "
                   "saves its slice and optimizer state in the background every checkpoint_every_seconds; a "
                   "restarted shard loses the updates since its last snapshot, counted in updates_lost), log "

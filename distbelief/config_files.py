@@ -30,7 +30,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "eval": ("eval_every_seconds", "evaluation", "eval_samples", "train_eval_samples", "metrics_port"),
     "durability": ("durability", "checkpoint_every_seconds", "checkpoint_every_updates", "log_max_mb",
                    "max_shard_restarts"),
-    "cluster": ("address", "remote_timeout_s"),
+    "cluster": ("address", "remote_timeout_s", "streams"),
 }
 
 
