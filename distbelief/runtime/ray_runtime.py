@@ -9,10 +9,12 @@ consistent.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import socket
 import sys
+import threading
 from typing import Any, Callable
 
 import numpy as np
@@ -171,9 +173,13 @@ def _part_bytes(part) -> int:
     return _array_bytes([part])
 
 
-@ray.remote
+@ray.remote(concurrency_groups={"streams": 16})
 class RoleActor:
-    """Hosts one role object. The object is built here, inside the actor process."""
+    """Hosts one role object. The object is built here, inside the actor process.
+
+    A shard's calls run one at a time (``max_concurrency = 1``), except its stream calls (runtime/streams.py):
+    they run in a group of their own so that waiting for a push's bytes holds no one, and then apply under
+    ``_serial``, which every call that touches the shard holds once a stream is open."""
 
     def __init__(self, threads: int, factory: Callable, *args):
         import torch
@@ -186,43 +192,54 @@ class RoleActor:
         self.received = 0
         self._streams: dict[str, Any] = {}  # a shard's ends of replicas' streams (runtime/streams.py), by name
         self._stream_timeout_s = 120.0
+        self._serial: Any = contextlib.nullcontext()  # a lock once a stream call can run beside the others
 
     def call(self, method: str, *args, **kwargs):
-        self.received += _array_bytes(args)
-        value = getattr(self.obj, method)(*args, **kwargs)
-        return forwarded.answer(self.obj, value) if method == "push" else value
+        with self._serial:
+            self.received += _array_bytes(args)
+            value = getattr(self.obj, method)(*args, **kwargs)
+            return forwarded.answer(self.obj, value) if method == "push" else value
 
     def push_fetch(self, num_push_args: int, *args):
         """A shard's ``push`` (the first ``num_push_args`` of ``args``; flat, so that Ray resolves an object
         reference among them) and then its ``fetch`` (the rest) in one call, the object-store transport's fused
         step: ``(version after the push, fetch's answer)``, with the backup's acknowledgement of the push if one."""
         push_args, fetch_args = args[:num_push_args], args[num_push_args:]
-        self.received += _array_bytes(push_args)
-        pushed = self.obj.push(*push_args)
-        return forwarded.answer(self.obj, (pushed, self.obj.fetch(*fetch_args)))
+        with self._serial:
+            self.received += _array_bytes(push_args)
+            pushed = self.obj.push(*push_args)
+            return forwarded.answer(self.obj, (pushed, self.obj.fetch(*fetch_args)))
 
     def call_placed(self, method: str, lo: int, total: int, *parts):
         """``method`` with each part placed at flat offset ``lo`` of a full-length vector (Runtime.call_with_parts):
         only the parts crossed the network."""
-        self.received += sum(_part_bytes(p) for p in parts)
-        return getattr(self.obj, method)(*[at_offset(p, lo, total) for p in parts])
+        with self._serial:
+            self.received += sum(_part_bytes(p) for p in parts)
+            return getattr(self.obj, method)(*[at_offset(p, lo, total) for p in parts])
 
     def received_bytes(self) -> int:
         return self.received
 
     # The shared-memory data plane (runtime/shm.py): the bulk bytes of a push or fetch are in a replica's buffer.
     def push_shm(self, path: str, size: int, *push_args):
-        return forwarded.answer(self.obj, self._shm.push(self.obj, path, size, *push_args))
+        with self._serial:
+            return forwarded.answer(self.obj, self._shm.push(self.obj, path, size, *push_args))
 
     def fetch_shm(self, path: str, size: int, replica_id: int):
-        return self._shm.fetch(self.obj, path, size, replica_id)
+        with self._serial:
+            return self._shm.fetch(self.obj, path, size, replica_id)
 
     def push_fetch_shm(self, push_path: str, fetch_path: str, size: int, *push_args):
-        return forwarded.answer(self.obj, self._shm.push_fetch(self.obj, push_path, fetch_path, size, *push_args))
+        with self._serial:
+            return forwarded.answer(self.obj, self._shm.push_fetch(self.obj, push_path, fetch_path, size,
+                                                                   *push_args))
 
     # The stream data plane (runtime/streams.py): the bulk bytes of a push or fetch come by a replica's stream.
     def stream_open(self, name: str, host: str, port: int, size: int, timeout_s: float) -> bool:
         """Join the stream ``name`` that a replica is opening at the same time (its store at ``host:port``)."""
+        if not self._streams:
+            # (here, in the default group, no other call runs: from now on stream calls can, so calls serialise)
+            self._serial = threading.RLock()
         for old in [n for n, end in self._streams.items() if end.error is not None]:
             self._streams.pop(old).close()  # replicas that are gone
         store = streams.open_store(host, port, False, timeout_s)
@@ -237,29 +254,38 @@ class RoleActor:
             raise streams.StreamBroken(f"no stream {name} here (this shard was restarted)")
         return end
 
-    def _push_streamed(self, name: str, index: int, push_args: tuple):
-        g = self._stream(name).take_push(index, self._stream_timeout_s)
+    def _pushed(self, g, push_args: tuple):
+        """(Under ``_serial``) apply a push whose gradient ``g`` came by stream."""
         self.received += g.nbytes
         replica_id, *rest = push_args
         return self.obj.push(replica_id, g, *rest)
 
-    def _fetch_streamed(self, name: str, index: int, replica_id: int) -> int:
+    def _fetched(self, name: str, index: int, replica_id: int) -> int:
+        """(Under ``_serial``) answer a fetch on stream ``name``: a copy of the values is queued there."""
         values, version = self.obj.fetch(replica_id)
-        self._stream(name).send_fetch(index, values)
+        self._stream(name).send_fetch(index, values, self._stream_timeout_s)
         return version
 
+    @ray.method(concurrency_group="streams")
     def push_stream(self, name: str, index: int, *push_args):
         """``push`` with the gradient taken from stream ``name`` (its push number ``index``); ``push_args`` are
         push's other arguments in order (replica id, offset, version, examples, session, seq)."""
-        return forwarded.answer(self.obj, self._push_streamed(name, index, push_args))
+        g = self._stream(name).take_push(index, self._stream_timeout_s)
+        with self._serial:
+            return forwarded.answer(self.obj, self._pushed(g, push_args))
 
+    @ray.method(concurrency_group="streams")
     def fetch_stream(self, name: str, index: int, replica_id: int) -> int:
         """``fetch``, its values sent on stream ``name`` (its fetch number ``index``); returns the version."""
-        return self._fetch_streamed(name, index, replica_id)
+        with self._serial:
+            return self._fetched(name, index, replica_id)
 
+    @ray.method(concurrency_group="streams")
     def push_fetch_stream(self, name: str, push_index: int, fetch_index: int, *push_args):
-        pushed = self._push_streamed(name, push_index, push_args)
-        return forwarded.answer(self.obj, (pushed, self._fetch_streamed(name, fetch_index, push_args[0])))
+        g = self._stream(name).take_push(push_index, self._stream_timeout_s)
+        with self._serial:
+            pushed = self._pushed(g, push_args)
+            return forwarded.answer(self.obj, (pushed, self._fetched(name, fetch_index, push_args[0])))
 
     def pid(self) -> int:
         return os.getpid()

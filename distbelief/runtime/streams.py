@@ -13,8 +13,9 @@ stream it is, and the shard checks it against what it has received, so a lost me
 wrong call.
 
 The shard's side keeps a receive posted at all times (a replica's send completes as soon as the bytes are across)
-and sends fetch answers from a thread of its own, so its actor thread only applies pushes and copies values: one
-replica's push can arrive while another's fetch leaves. A replica that dies closes its end; the shard's threads see
+and sends fetch answers from a thread of its own. Its stream calls run in a concurrency group of their own: a call
+waits for its push's bytes without holding the shard, then applies it under the actor's lock like any other call,
+so one replica's push can arrive while another's fetch is answered and leaves. A replica that dies closes its end; the shard's threads see
 the closed connection at once and drop the stream.
 """
 
@@ -25,6 +26,7 @@ import queue
 import socket
 import threading
 import time
+from typing import Callable
 
 import numpy as np
 
@@ -72,6 +74,7 @@ class ShardEnd:
         self.to_send: queue.Queue = queue.Queue()
         self.pushes_taken = 0
         self.fetches_sent = 0
+        self._turns = threading.Condition()
         self.error: BaseException | None = None
         for target in (self._receive, self._send):
             threading.Thread(target=target, name=f"{name}-{target.__name__[1:]}", daemon=True).start()
@@ -101,33 +104,50 @@ class ShardEnd:
                 self.error = e
                 return
 
+    def _turn(self, what: str, done: Callable[[], int], index: int, deadline: float) -> None:
+        """Wait (until ``deadline``) for message ``index``'s turn: ``done()`` messages of its kind are through.
+        Calls run concurrently on the shard (a fetch need not wait for another replica's push to arrive), so two
+        of one stream's calls can start out of order; their messages cannot."""
+        ok = self._turns.wait_for(lambda: done() >= index - 1, max(0.0, deadline - time.monotonic()))
+        if done() >= index:
+            raise StreamBroken(f"{self.name}: {what} {index} asked for twice")
+        if not ok:
+            raise StreamBroken(f"{self.name}: {what} {index} waited for {what} {index - 1}, which never came")
+
     def take_push(self, index: int, timeout_s: float) -> np.ndarray:
-        """The stream's push number ``index`` (1, 2, ...), waiting at most ``timeout_s`` for its bytes."""
-        if index != self.pushes_taken + 1:
-            raise StreamBroken(f"{self.name}: push {index} asked for after push {self.pushes_taken}")
+        """The stream's push number ``index`` (1, 2, ...), waiting at most ``timeout_s`` for its turn and bytes."""
+        deadline = time.monotonic() + timeout_s
+        with self._turns:
+            self._turn("push", lambda: self.pushes_taken, index, deadline)
         try:
-            got, buf = self.received.get(timeout=timeout_s)
+            got, buf = self.received.get(timeout=max(0.0, deadline - time.monotonic()))
         except queue.Empty:
             raise StreamBroken(f"{self.name}: push {index} did not arrive within {timeout_s:.0f}s") from None
         if got is None:
+            self.received.put((None, buf))  # every later push sees it too
             raise StreamBroken(f"{self.name}: the replica's end closed ({buf})")
         if got != index:
             raise StreamBroken(f"{self.name}: received push {got} where push {index} was due")
-        self.pushes_taken = index
+        with self._turns:
+            self.pushes_taken = index
+            self._turns.notify_all()
         return buf.numpy()
 
-    def send_fetch(self, index: int, values: np.ndarray) -> None:
-        """Queue fetch answer number ``index`` (a copy of ``values``: the shard's live parameters change)."""
+    def send_fetch(self, index: int, values: np.ndarray, timeout_s: float) -> None:
+        """Queue fetch answer number ``index`` (a copy of ``values``: the shard's live parameters change), after
+        the answers before it."""
         import torch
 
         if self.error is not None:
             raise StreamBroken(f"{self.name}: {self.error}")
-        if index != self.fetches_sent + 1:
-            raise StreamBroken(f"{self.name}: fetch {index} answered after fetch {self.fetches_sent}")
         if values.dtype != np.float32 or values.size != self.size:
             raise StreamBroken(f"{self.name}: a fetch answer of {values.size} {values.dtype} values, not {self.size}")
-        self.fetches_sent = index
-        self.to_send.put(torch.from_numpy(np.array(values, dtype=np.float32, copy=True)))
+        copy = torch.from_numpy(np.array(values, dtype=np.float32, copy=True))
+        with self._turns:
+            self._turn("fetch", lambda: self.fetches_sent, index, time.monotonic() + timeout_s)
+            self.to_send.put(copy)
+            self.fetches_sent = index
+            self._turns.notify_all()
 
     def close(self) -> None:
         """Let go of the stream (its connection closes once no transfer holds it)."""
@@ -137,7 +157,8 @@ class ShardEnd:
 
 class ReplicaEnd:
     """A replica's end of one shard's stream. ``push`` and ``fetch`` post the bytes' transfer and return its
-    index (what the call to the shard names) and the gloo work; the caller waits on the work with its deadline."""
+    index (what the call to the shard names) and the gloo work; the caller waits on the work with its deadline,
+    and keeps it until then (a transfer whose work is dropped is cancelled)."""
 
     def __init__(self, pg, size: int, name: str):
         self.pg, self.size, self.name = pg, size, name

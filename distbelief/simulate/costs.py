@@ -66,6 +66,9 @@ class Costs:
     objstore_cpu_s_per_byte: float = 5.0e-10
     link_efficiency: float = 0.9
     link_object_s: float = 4.0e-3  # fixed cost of one object over a rate-limited link (replaces objstore_call_s)
+    # a replica's stream to a shard across nodes (runtime/streams.py): CPU per byte on each end, gloo over TCP
+    # (1.2-1.6 ns a byte for the whole machine in benchmarks/object_plane.py's gloo patterns, both ends together)
+    stream_cpu_s_per_byte: float = 7.0e-10
     # compression
     encode_s_per_value: dict[str, float] = field(default_factory=lambda: {
         "fp16": 1e-9, "topk": 1e-8, "qsgd": 7e-8, "powersgd": 5e-9})
@@ -100,7 +103,7 @@ class Costs:
             if not getattr(self, name) > 0:
                 raise ConfigError("costs", f"{source}: {name} must be > 0, got {getattr(self, name)!r}")
         for name in ("step_s", "example_s", "call_s", "objstore_call_s", "link_object_s", "objstore_cpu_s_per_byte",
-                     "delta_s_per_value"):
+                     "stream_cpu_s_per_byte", "delta_s_per_value"):
             if not getattr(self, name) >= 0:
                 raise ConfigError("costs", f"{source}: {name} must be >= 0, got {getattr(self, name)!r}")
         if not 0 <= self.thread_efficiency <= 1:

@@ -221,7 +221,7 @@ class DownpourRun:
 
         def one(node):
             yield from self.world.occupy(node, "up", self.others * share)
-            yield from self.world.send(node, snode, share)
+            yield from self.world.send(node, snode, share, stream=self.work.streamed_pushes)
 
         yield self.env.all_of([self.env.process(one(n)) for n in self.groups[r]])
 
@@ -230,7 +230,7 @@ class DownpourRun:
         snode, share = self.shards.nodes[k], nbytes / len(self.groups[r])
 
         def one(node):
-            yield from self.world.send(snode, node, share)
+            yield from self.world.send(snode, node, share, stream=self.work.streamed_fetches)
             yield from self.world.occupy(node, "down", self.others * share)
             yield from self.world.copy(node, share * (1 + self.others))
 

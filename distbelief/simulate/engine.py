@@ -10,6 +10,8 @@ A ``World`` holds, for a ``Machines`` description and a ``Costs`` calibration:
   or out, for its bytes and its fixed cost. Measured on the shaped cluster (benchmarks/object_plane.py), a node's
   object transfers add up to about one link's worth in and out together, where plain TCP fills both directions
   of every link at once: a node that sends while it receives gets half the rate each way;
+- a replica's gloo stream to a shard on another node (runtime/streams.py) holds the two links alone, as plain TCP
+  does, with its CPU per byte on both nodes: no object plane;
 - each shard's actor: one call at a time (Ray runs a shard's calls in order, ``max_concurrency = 1``).
 
 Everything busy is accounted (seconds per core pool, per shard; bytes per link direction) for the utilisation
@@ -75,12 +77,23 @@ class World:
         """A copy within ``node`` (the shared-memory plane, loading fetched values)."""
         yield from self.cpu(node, nbytes / self.costs.copy_bytes_per_s)
 
-    def send(self, src: int, dst: int, nbytes: float, *, object_store: bool = True):
+    def send(self, src: int, dst: int, nbytes: float, *, object_store: bool = True, stream: bool = False):
         """``nbytes`` from a process on ``src`` to one on ``dst``: within a node through the object store (a copy
         and a per-object cost) or not at all (``object_store=False``: shared buffers, read in place); between
-        nodes inline with the call when small, else through Ray's object store over both nodes' links."""
+        nodes on a stream (``stream``), inline with the call when small, else through Ray's object store over
+        both nodes' links."""
         c = self.costs
         if nbytes <= 0:
+            return
+        if stream and src != dst:
+            if c.stream_cpu_s_per_byte:
+                ends = [self.env.process(self.cpu(n, nbytes * c.stream_cpu_s_per_byte)) for n in (src, dst)]
+                yield from self._cross(src, dst, nbytes, True)
+                yield self.env.all_of(ends)
+            else:
+                yield from self._cross(src, dst, nbytes, True)
+            if self.machines.latency_s:
+                yield self.env.timeout(self.machines.latency_s)
             return
         if src == dst:
             if object_store and nbytes > INLINE_BYTES:

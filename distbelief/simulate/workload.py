@@ -39,6 +39,7 @@ class Workload:
     compress_bits: int = 4
     compress_rank: int = 4
     compress_fetch: str = "none"
+    streams: bool = True
     lbfgs_batch: int = 8000
     portion_size: int = 500
     push_every_portions: int = 4
@@ -64,7 +65,7 @@ class Workload:
             staleness_bound=cfg.staleness_bound, backup_replicas=cfg.backup_replicas,
             rule="sgd" if cfg.strategy == "sandblaster" else cfg.optimizer, compress=cfg.compress,
             compress_ratio=cfg.compress_ratio, compress_bits=cfg.compress_bits, compress_rank=cfg.compress_rank,
-            compress_fetch=cfg.compress_fetch, lbfgs_batch=cfg.lbfgs_batch, portion_size=cfg.portion_size,
+            compress_fetch=cfg.compress_fetch, streams=cfg.streams, lbfgs_batch=cfg.lbfgs_batch, portion_size=cfg.portion_size,
             push_every_portions=cfg.push_every_portions, history=cfg.history, backup_tasks=cfg.backup_tasks,
             slow=dict(slow or {}))
 
@@ -85,6 +86,17 @@ class Workload:
         """Whether replicas move their bytes as call arguments through Ray's object store even beside the shards
         (compressed pushes or fetches: runtime/ray_runtime.py), instead of the shared-memory plane."""
         return self.compress != "none" or self.compress_fetch != "none"
+
+    @property
+    def streamed_pushes(self) -> bool:
+        """Whether a Downpour replica's pushes to a shard on another node take its gloo stream (uncompressed,
+        ``--streams``: runtime/transports/stream.py) rather than Ray's object store."""
+        return self.streams and self.strategy == "downpour" and self.compress == "none"
+
+    @property
+    def streamed_fetches(self) -> bool:
+        """... and its fetches (plain float32 ones: fp16 and delta answers go the object store's way)."""
+        return self.streamed_pushes and self.compress_fetch == "none"
 
     def push_bytes(self) -> list[int]:
         """Bytes of one push to each shard, by the codec's own formula (float32 when uncompressed)."""

@@ -28,6 +28,7 @@ def free_costs(**changes) -> Costs:
                  thread_efficiency=0.0, compute_cv=0.0, update_s_per_value={"sgd": 0.0, "adagrad": 0.0},
                  call_s=0.0, copy_bytes_per_s=1e30, objstore_call_s=0.0, objstore_bytes_per_s=1e30,
                  objstore_cpu_s_per_byte=0.0, link_efficiency=1.0, link_object_s=0.0, delta_s_per_value=0.0,
+                 stream_cpu_s_per_byte=0.0,
                  encode_s_per_value={}, decode_s_per_value={})
     return dataclasses.replace(base, **changes)
 
@@ -270,3 +271,25 @@ def test_a_node_object_plane_carries_one_object_at_a_time_in_or_out():
     assert finish([(0, 2), (1, 3)]) == pytest.approx(1.0)
     assert finish([(0, 2), (2, 0)], fixed=0.01) == pytest.approx(2.02)  # the fixed cost holds the planes too
     assert finish([(0, 2), (2, 0)], bandwidth=math.inf) == pytest.approx(1.0)  # the object store's rate, at once
+
+
+def test_a_stream_holds_the_links_alone_with_its_cpu_on_both_ends():
+    """A replica's gloo stream to a shard (runtime/streams.py) is plain TCP: two transfers between the same two
+    nodes in opposite directions cross at once (full duplex, no object plane), two the same way share the link,
+    and each end spends its CPU per byte beside the transfer."""
+    import simpy
+
+    from distbelief.simulate.engine import World
+
+    def finish(pairs, cpu=0.0):
+        env = simpy.Environment()
+        world = World(env, Machines(4, 1, bandwidth=1e9), free_costs(stream_cpu_s_per_byte=cpu))
+        done = [env.process(world.send(a, b, 1.25e8, stream=True)) for a, b in pairs]  # 1 s at 1 Gbit/s each
+        env.run(env.all_of(done))
+        return env.now, world
+
+    assert finish([(0, 2)])[0] == pytest.approx(1.0)
+    assert finish([(0, 2), (2, 0)])[0] == pytest.approx(1.0)  # both ways at once
+    assert finish([(0, 2), (1, 2)])[0] == pytest.approx(2.0)  # one downlink for two
+    t, world = finish([(0, 2)], cpu=2e-8)  # 2.5 s of CPU on each end: the transfer waits for its ends
+    assert t == pytest.approx(2.5) and sum(world.cpu_busy.values()) == pytest.approx(5.0)

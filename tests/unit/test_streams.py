@@ -42,7 +42,7 @@ def test_pushes_and_fetches_arrive_exactly_in_order():
         streams.wait(w, time.monotonic() + 10, "push")
     answer = rng.standard_normal(1000).astype(np.float32)
     index, work, buf = replica.fetch()
-    shard.send_fetch(index, answer)
+    shard.send_fetch(index, answer, 10)
     answer_copy = answer.copy()
     answer[:] = 0  # the shard's live values change after it answered: the answer was a copy
     streams.wait(work, time.monotonic() + 10, "fetch")
@@ -51,17 +51,39 @@ def test_pushes_and_fetches_arrive_exactly_in_order():
     shard.close()
 
 
+def test_calls_out_of_order_wait_for_their_turn():
+    """Two calls of one stream may start on the shard out of order (its stream calls run concurrently); each
+    takes its own message: push 2's call, started first, waits for push 1's."""
+    store, replica, shard = _pair(4)
+    works = [replica.push(np.full(4, v, np.float32)) for v in (1.0, 2.0)]  # (a send lives as long as its work)
+    got = {}
+    second = threading.Thread(target=lambda: got.setdefault(2, shard.take_push(2, 10)))
+    second.start()
+    time.sleep(0.1)  # (only to let the second call start first; the result does not depend on it)
+    got[1] = shard.take_push(1, 10)
+    second.join(10)
+    assert got[1].tolist() == [1.0] * 4 and got[2].tolist() == [2.0] * 4
+    for _, w in works:
+        streams.wait(w, time.monotonic() + 10, "push")
+    replica.close("done")
+    shard.close()
+
+
 def test_a_message_named_out_of_order_or_of_the_wrong_size_is_refused():
     store, replica, shard = _pair(10)
-    replica.push(np.ones(10, np.float32))
-    with pytest.raises(streams.StreamBroken, match="push 2 asked for after push 0"):
-        shard.take_push(2, 10)
-    with pytest.raises(streams.StreamBroken, match="fetch 2 answered after fetch 0"):
-        shard.send_fetch(2, np.ones(10, np.float32))
+    work = replica.push(np.ones(10, np.float32))[1]
+    with pytest.raises(streams.StreamBroken, match="push 2 waited for push 1, which never came"):
+        shard.take_push(2, 0.2)
+    with pytest.raises(streams.StreamBroken, match="fetch 2 waited for fetch 1"):
+        shard.send_fetch(2, np.ones(10, np.float32), 0.2)
     with pytest.raises(streams.StreamBroken, match="5 float32 values, not 10"):
-        shard.send_fetch(1, np.ones(5, np.float32))
+        shard.send_fetch(1, np.ones(5, np.float32), 10)
+    assert np.array_equal(shard.take_push(1, 10), np.ones(10, np.float32))
+    with pytest.raises(streams.StreamBroken, match="push 1 asked for twice"):
+        shard.take_push(1, 10)
     with pytest.raises(streams.StreamBroken, match="did not arrive within"):
-        shard.take_push(1, 10) is not None and shard.take_push(2, 0.2)
+        shard.take_push(2, 0.2)
+    streams.wait(work, time.monotonic() + 10, "push")
     replica.close("done")
     shard.close()
 

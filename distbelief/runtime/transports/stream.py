@@ -22,7 +22,11 @@ from distbelief.runtime.transports.object_store import ObjectStoreTransport
 
 
 class StreamTransport(ObjectStoreTransport):
-    name = "stream"
+    @property
+    def name(self) -> str:
+        """``stream``, or how many shards still have one (the others: the object store), for the run's summary."""
+        n, m = len(self.ends), self.streamed()
+        return "stream" if m == n else f"stream ({m} of {n} shards)"
 
     def __init__(self, client, timeout_s: float):
         super().__init__(client, single_node=False)
