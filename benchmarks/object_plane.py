@@ -49,7 +49,7 @@ def counters(outer_pid: int, name: str) -> dict[int, list[int]]:
     return {int(k): v for k, v in json.loads(r.stdout).items()}
 
 
-def inner(address: str, outer_pid: int, name: str, rate_bps: float) -> list[dict]:
+def inner(address: str, outer_pid: int, name: str, rate_bps: float, gloo_only: bool = False) -> list[dict]:
     """(In node 0's namespace) the patterns; returns one record each."""
     import numpy as np
     import ray
@@ -72,25 +72,29 @@ def inner(address: str, outer_pid: int, name: str, rate_bps: float) -> list[dict
         opts._devices = [dist.ProcessGroupGloo.create_device(hostname=ray.util.get_node_ip_address())]
         return store, dist.ProcessGroupGloo(store, rank, 2, opts)
 
-    def gloo_steps(pg, send, recv, iters: int, duplex: bool, first_send: bool, depth: int = 1):
+    def gloo_steps(pg, send, recv, iters: int, duplex: bool, first_send: bool, depth: int = 1, chunks: int = 1):
         """``iters`` exchanges on ``pg``: ``send`` one way and ``recv`` the other, one after the other (the sender
-        of a push first) or both at once, with up to ``depth`` exchanges in flight."""
+        of a push first) or both at once, with up to ``depth`` exchanges in flight, each message as ``chunks``
+        transfers posted together."""
         import datetime
         t = datetime.timedelta(seconds=120)
         peer = 1 - pg.rank()
+        sends, recvs = send.chunk(chunks), recv.chunk(chunks)
+
+        def out(tag):
+            return [pg.send([c], peer, tag) for c in sends]
+
+        def into(tag):
+            return [pg.recv([c], peer, tag) for c in recvs]
+
         if not duplex:
             for _ in range(iters):
-                if first_send:
-                    pg.send([send], peer, 0).wait(t)
-                    pg.recv([recv], peer, 1).wait(t)
-                else:
-                    pg.recv([recv], peer, 0).wait(t)
-                    pg.send([send], peer, 1).wait(t)
+                for w in (out(0) + into(1) if first_send else into(0) + out(1)):
+                    w.wait(t)
             return
         pending = []
         for _ in range(iters):
-            pending.append([pg.send([send], peer, 0), pg.recv([recv], peer, 1)] if first_send
-                           else [pg.recv([recv], peer, 0), pg.send([send], peer, 1)])
+            pending.append(out(0) + into(1) if first_send else into(0) + out(1))
             if len(pending) >= depth:
                 for w in pending.pop(0):
                     w.wait(t)
@@ -107,10 +111,10 @@ def inner(address: str, outer_pid: int, name: str, rate_bps: float) -> list[dict
         def gloo_open(self, host, port, prefix):
             self.pairs[prefix] = gloo_pair(host, port, prefix, 1, False)
 
-        def gloo_serve(self, prefix, iters, duplex, depth):
+        def gloo_serve(self, prefix, iters, duplex, depth, chunks):
             import torch
             g = torch.empty(VALUES)
-            gloo_steps(self.pairs[prefix][1], torch.from_numpy(self.values), g, iters, duplex, False, depth)
+            gloo_steps(self.pairs[prefix][1], torch.from_numpy(self.values), g, iters, duplex, False, depth, chunks)
             return iters
 
         def fetch(self):
@@ -144,15 +148,15 @@ def inner(address: str, outer_pid: int, name: str, rate_bps: float) -> list[dict
                 ray.get(opened, timeout=120)
             return True
 
-        def gloo_run(self, iters: int, duplex: bool, depth: int = 1):
+        def gloo_run(self, iters: int, duplex: bool, depth: int = 1, chunks: int = 1):
             """``iters`` steps, each sending every holder 4.6 MB and receiving 4.6 MB back (both holders at once)."""
             import threading
 
             import torch
             t0 = time.monotonic()
-            serving = [h.gloo_serve.remote(prefix, iters, duplex, depth) for h, (prefix, _) in zip(self.holders, self.pairs)]
+            serving = [h.gloo_serve.remote(prefix, iters, duplex, depth, chunks) for h, (prefix, _) in zip(self.holders, self.pairs)]
             threads = [threading.Thread(target=gloo_steps, args=(pair[1], torch.from_numpy(self.g),
-                                                                 torch.empty(VALUES), iters, duplex, True, depth))
+                                                                 torch.empty(VALUES), iters, duplex, True, depth, chunks))
                        for _, pair in self.pairs]
             for t in threads:
                 t.start()
@@ -180,9 +184,10 @@ def inner(address: str, outer_pid: int, name: str, rate_bps: float) -> list[dict
 
     holders = [on("12", Holder), on("13", Holder)]
     records = []
-    for label, caller_nodes, use, mode in (("one pair, fetch", ["10"], holders[:1], "fetch"),
-                                           ("downpour pattern", ["10", "11"], holders, "push+fetch"),
-                                           ("downpour, prefetch", ["10", "11"], holders, "prefetch")):
+    ray_patterns = (("one pair, fetch", ["10"], holders[:1], "fetch"),
+                    ("downpour pattern", ["10", "11"], holders, "push+fetch"),
+                    ("downpour, prefetch", ["10", "11"], holders, "prefetch"))
+    for label, caller_nodes, use, mode in ray_patterns[:0 if gloo_only else None]:
         callers = [on(n, Caller, use) for n in caller_nodes]
         ray.get([c.run.remote(mode, 1.0) for c in callers], timeout=120)  # warm
         before, cpu0 = counters(outer_pid, name), busy_seconds()
@@ -199,15 +204,16 @@ def inner(address: str, outer_pid: int, name: str, rate_bps: float) -> list[dict
         for c in callers:
             ray.kill(c)
     # gloo (torch.distributed's TCP transport) between the same actors: the bytes leave Ray's object store
-    for label, duplex, iters, depth in (("gloo, push then fetch", False, 100, 1),
-                                        ("gloo, push and fetch at once", True, 160, 1),
-                                        ("gloo, at once, 2 in flight", True, 200, 2)):
+    for label, duplex, iters, depth, chunks in (("gloo, push then fetch", False, 100, 1, 1),
+                                                ("gloo, push and fetch at once", True, 160, 1, 1),
+                                                ("gloo, at once, 4 chunks each", True, 160, 1, 4),
+                                                ("gloo, at once, 2 in flight", True, 200, 2, 1)):
         holders = [on("12", Holder), on("13", Holder)]
         callers = [on(n, Caller, holders) for n in ("10", "11")]
         ray.get([c.gloo_open.remote(i) for i, c in enumerate(callers)], timeout=240)
-        ray.get([c.gloo_run.remote(5, duplex, depth) for c in callers], timeout=240)  # warm
+        ray.get([c.gloo_run.remote(5, duplex, depth, chunks) for c in callers], timeout=240)  # warm
         before, cpu0 = counters(outer_pid, name), busy_seconds()
-        done = ray.get([c.gloo_run.remote(iters, duplex, depth) for c in callers], timeout=600)
+        done = ray.get([c.gloo_run.remote(iters, duplex, depth, chunks) for c in callers], timeout=600)
         after, cpu1 = counters(outer_pid, name), busy_seconds()
         seconds = max(d[1] for d in done)
         moved = sum(after[i][0] - before[i][0] for i in after)
@@ -257,11 +263,12 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
     p.add_argument("--bandwidths", nargs="+", default=["1gbit"])
+    p.add_argument("--gloo-only", action="store_true", help="only the gloo patterns (and raw TCP)")
     p.add_argument("--inner", nargs=4, metavar=("ADDRESS", "OUTER_PID", "NAME", "RATE_BPS"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.inner:
         address, pid, name, rate = args.inner
-        print(json.dumps(inner(address, int(pid), name, float(rate))))
+        print(json.dumps(inner(address, int(pid), name, float(rate), args.gloo_only)))
         return 0
     from distbelief.runtime import netcluster
 
@@ -274,7 +281,7 @@ def main(argv=None) -> int:
         c = netcluster.up(nodes=4, bandwidth=bw, cpus_per_node=1, shard_nodes=2)
         try:
             cmd = ["ip", "netns", "exec", c.nodes[0].netns, sys.executable, __file__, "--out", str(out), "--inner",
-                   c.address, str(os.getpid()), c.name, str(c.bandwidth_bps)]
+                   c.address, str(os.getpid()), c.name, str(c.bandwidth_bps)] + ["--gloo-only"] * args.gloo_only
             r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
                                env={**os.environ, "RAY_AUTH_MODE": "token"})
             if r.returncode != 0:

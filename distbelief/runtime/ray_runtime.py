@@ -254,11 +254,14 @@ class RoleActor:
             raise streams.StreamBroken(f"no stream {name} here (this shard was restarted)")
         return end
 
-    def _pushed(self, g, push_args: tuple):
-        """(Under ``_serial``) apply a push whose gradient ``g`` came by stream."""
+    def _pushed(self, name: str, index: int, g, push_args: tuple):
+        """(Under ``_serial``) apply push ``index`` of stream ``name``, whose gradient ``g`` came by the stream."""
         self.received += g.nbytes
         replica_id, *rest = push_args
-        return self.obj.push(replica_id, g, *rest)
+        try:
+            return self.obj.push(replica_id, g, *rest)
+        finally:  # (a push refused, e.g. non-finite, counts as done too: the replica's next fetch may go on)
+            self._stream(name).applied(index)
 
     def _fetched(self, name: str, index: int, replica_id: int) -> int:
         """(Under ``_serial``) answer a fetch on stream ``name``: a copy of the values is queued there."""
@@ -272,11 +275,13 @@ class RoleActor:
         push's other arguments in order (replica id, offset, version, examples, session, seq)."""
         g = self._stream(name).take_push(index, self._stream_timeout_s)
         with self._serial:
-            return forwarded.answer(self.obj, self._pushed(g, push_args))
+            return forwarded.answer(self.obj, self._pushed(name, index, g, push_args))
 
     @ray.method(concurrency_group="streams")
-    def fetch_stream(self, name: str, index: int, replica_id: int) -> int:
-        """``fetch``, its values sent on stream ``name`` (its fetch number ``index``); returns the version."""
+    def fetch_stream(self, name: str, index: int, after_pushes: int, replica_id: int) -> int:
+        """``fetch``, its values sent on stream ``name`` (its fetch number ``index``) once the stream's first
+        ``after_pushes`` pushes (those the replica sent before it) are applied; returns the version."""
+        self._stream(name).await_applied(after_pushes, self._stream_timeout_s)
         with self._serial:
             return self._fetched(name, index, replica_id)
 
@@ -284,7 +289,7 @@ class RoleActor:
     def push_fetch_stream(self, name: str, push_index: int, fetch_index: int, *push_args):
         g = self._stream(name).take_push(push_index, self._stream_timeout_s)
         with self._serial:
-            pushed = self._pushed(g, push_args)
+            pushed = self._pushed(name, push_index, g, push_args)
             return forwarded.answer(self.obj, (pushed, self._fetched(name, fetch_index, push_args[0])))
 
     def pid(self) -> int:

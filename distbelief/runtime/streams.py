@@ -73,6 +73,7 @@ class ShardEnd:
         self.received: queue.Queue = queue.Queue()  # (index, tensor) in arrival order, or (None, error)
         self.to_send: queue.Queue = queue.Queue()
         self.pushes_taken = 0
+        self.pushes_applied = 0  # (the shard's actor counts them: ``applied``)
         self.fetches_sent = 0
         self._turns = threading.Condition()
         self.error: BaseException | None = None
@@ -132,6 +133,19 @@ class ShardEnd:
             self.pushes_taken = index
             self._turns.notify_all()
         return buf.numpy()
+
+    def applied(self, index: int) -> None:
+        """The shard applied push ``index`` of this stream."""
+        with self._turns:
+            self.pushes_applied = max(self.pushes_applied, index)
+            self._turns.notify_all()
+
+    def await_applied(self, pushes: int, timeout_s: float) -> None:
+        """Wait until the stream's first ``pushes`` pushes were applied: a fetch the replica sent after them sees
+        them, as one caller's calls to a Ray actor run in order."""
+        with self._turns:
+            if not self._turns.wait_for(lambda: self.pushes_applied >= pushes, timeout_s):
+                raise StreamBroken(f"{self.name}: a fetch waited {timeout_s:.0f}s for push {pushes} to be applied")
 
     def send_fetch(self, index: int, values: np.ndarray, timeout_s: float) -> None:
         """Queue fetch answer number ``index`` (a copy of ``values``: the shard's live parameters change), after

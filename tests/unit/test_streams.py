@@ -98,3 +98,18 @@ def test_a_closed_replica_end_breaks_the_shard_end_at_once():
     assert time.monotonic() - t0 < 30  # the closed connection, not the timeout
     assert shard.error is not None
     shard.close()
+
+
+def test_a_fetch_waits_for_the_pushes_its_replica_sent_before_it():
+    store, replica, shard = _pair(4)
+    shard.await_applied(0, 0.1)  # nothing sent before: at once
+    with pytest.raises(streams.StreamBroken, match="waited 0s for push 1 to be applied"):
+        shard.await_applied(1, 0.1)
+    waiting = threading.Thread(target=shard.await_applied, args=(2, 10))
+    waiting.start()
+    shard.applied(1)
+    shard.applied(2)
+    waiting.join(10)
+    assert not waiting.is_alive() and shard.pushes_applied == 2
+    replica.close("done")
+    shard.close()

@@ -132,8 +132,8 @@ class StreamCalls(ShardCalls):
                 stream_sends[k] = ("push_fetch_stream", (t.prefixes[k], push_index, fetch_index, *tail))
             elif push is not None:
                 stream_sends[k] = ("push_stream", (t.prefixes[k], push_index, *tail))
-            else:
-                stream_sends[k] = ("fetch_stream", (t.prefixes[k], fetch_index, c.replica_id))
+            else:  # (after the pushes this replica sent before: Ray's order for one caller's calls)
+                stream_sends[k] = ("fetch_stream", (t.prefixes[k], fetch_index, end.pushes, c.replica_id))
             self.streamed[k] = (push_work, fetch_work, buf)
         self.first = {k: stream_sends.get(k, self.fallback[k]) for k in range(n)}
         self._sent: set[int] = set()
