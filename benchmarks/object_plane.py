@@ -1,6 +1,6 @@
-"""What Ray's object store can move over the shaped links of this machine with no training at all: the ceiling a
-Downpour run's link utilization is measured against (issue 27's target: uncompressed Downpour at >= 80 % of the
-shaped rate).
+"""What Ray's object store, and gloo between the same actors, can move over the shaped links of this machine with
+no training at all: the ceilings a Downpour run's link utilization is measured against (issue 27's target:
+uncompressed Downpour at >= 80 % of the shaped rate).
 
     sudo .venv/bin/python benchmarks/object_plane.py --out benchmarks/results/object-plane-DATE [--bandwidths 1gbit]
 
@@ -13,6 +13,11 @@ pattern, one call at a time per caller:
   back in one call per shard (a Downpour step's push and fetch, without the gradient);
 - ``downpour, prefetch``: the same bytes as two calls per shard, the next step's fetch sent before this step's push
   (so that the push and the fetch could cross at once, as ``--overlap`` does);
+- ``gloo, ...`` (the stream transport's channel, runtime/streams.py): the same callers and holders exchange the
+  same bytes over a two-rank gloo group per pair instead of Ray calls: ``push then fetch`` (one after the other,
+  as the fused loop), ``push and fetch at once`` (both directions posted together, one exchange in flight per
+  pair), ``at once, 4 chunks each`` (each message as 4 transfers posted together) and ``at once, 2 in flight``
+  (the next exchange posted before this one completes); ``--gloo-only`` runs only these (and raw TCP);
 - ``raw TCP, same pairs``: the eight streams of that pattern in plain TCP at once, no Ray (rates over the time
   from the first stream's start to the last one's end, the streams' setup included: a lower bound);
 

@@ -114,9 +114,9 @@ def report(out: Path) -> str:
     where = out.relative_to(ROOT) if out.is_relative_to(ROOT) else out
     lines = [f"_From `{where}` ({res['date']}; {res['cpus']} cores; 4 nodes: replicas on nodes 0-1, shards on "
              f"nodes 2-3, the driver on node 0; delay {res['delay']}): one run each._", "",
-             "| link | model | push / fetch | examples/s | s to 13% | busiest link | into / out of shard nodes ÷ "
-             "shards' counters | into shard nodes ÷ (counters + initial values) | node 0 / node 1 out per step ÷ "
-             "one push |", "|---|---|---|---|---|---|---|---|---|"]
+             "| link | model | push / fetch | replicas' transport | examples/s | s to 13% | busiest link | into / out "
+             "of shard nodes ÷ shards' counters | into shard nodes ÷ (counters + initial values) | node 0 / node 1 "
+             "out per step ÷ one push |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in res["runs"]:
         kind = "fig4" if r["model"] == "speech-tiny" else "paper"
         s = json.loads((out / f"{r['bandwidth']}-{kind}-{r['config']}" / "summary.json").read_text())
@@ -128,8 +128,10 @@ def report(out: Path) -> str:
         pushed = r.get("pushed_bytes_summary") or 0
         initial = r.get("initial_bytes", 4 * s["num_parameters"])  # (records before it was kept: the same)
         with_initial = f"{r['into_shard_nodes_bytes'] / (pushed + initial):.3f}" if pushed else "n/a"
+        overlap = ", `--overlap`" if r.get("settings", {}).get("overlap") else ""
+        transports = ", ".join(sorted(r.get("replica_transports") or {})) or "?"
         lines.append(f"| {r['bandwidth']} | {r['model']} | {r.get('compress') or 'none'} / "
-                     f"{r.get('compress_fetch') or 'none'} | {r['examples_per_s']:,.0f} | "
+                     f"{r.get('compress_fetch') or 'none'}{overlap} | {transports} | {r['examples_per_s']:,.0f} | "
                      f"{'not reached' if ttt is None else f'{ttt:.0f}'} | {r['busiest_link_utilization']:.0%} | "
                      f"{r.get('pushed_agreement', float('nan')):.3f} / {r.get('fetched_agreement', float('nan')):.3f}"
                      f" | {with_initial} | {out_ratio} |")

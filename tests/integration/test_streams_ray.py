@@ -28,9 +28,10 @@ def two_nodes():
 
 def _train(cluster, toy_data, use_streams: bool, **kw):
     runtime = RayRuntime(address=cluster.address, remote_timeout_s=60, use_streams=use_streams)
+    kw = {"eval_every_seconds": 3600, **kw}
     try:
         return train(make_odd_model, toy_data[0], toy_data[1], runtime=runtime, quiet=True, replicas=1, shards=2,
-                     max_seconds=0, eval_every_seconds=3600, batch_size=8, optimizer="adagrad", lr=0.05, **kw)
+                     max_seconds=0, batch_size=8, optimizer="adagrad", lr=0.05, **kw)
     finally:
         runtime.shutdown()
 
@@ -61,3 +62,28 @@ def test_a_shard_killed_mid_run_is_served_through_the_object_store_and_nothing_i
     assert s["shard_restarts"] == 1 and s["updates_lost"] == 0
     assert s["updates_per_shard"] == [200, 200]  # every push reached both shards once, the killed one included
     assert torch.isfinite(res.flat_params).all()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_shard_that_lost_its_streams_is_served_through_the_object_store(two_nodes, toy_data):
+    """Shard 1 forgets its streams mid-run: the replica's next stream call to it fails there (no such stream),
+    is sent again the object store's way, and that shard stays on the object store; the run ends normally with
+    every push applied once."""
+    forgot = []
+
+    def forget_streams(actor) -> int:  # (in the shard's actor; defined here so that Ray ships it by value)
+        n = len(actor._streams)
+        actor._streams.clear()
+        return n
+
+    def forget(trainer, _record):
+        if not forgot:
+            forgot.append(ray.get(trainer.shards[1].handle.__ray_call__.remote(forget_streams), timeout=30))
+
+    res = _train(two_nodes, toy_data, True, max_steps=150, eval_every_seconds=0.2,
+                 hooks=Faults(on_evaluation=forget))
+    s = res.summary
+    assert forgot == [1]  # the replica's one stream to shard 1
+    assert s["replica_transports"] == {"stream (1 of 2 shards)": 1}
+    assert s["updates_per_shard"] == [150, 150] and s["steps_per_replica"] == [150]

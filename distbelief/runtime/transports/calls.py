@@ -90,7 +90,9 @@ class ShardCalls(Future):
                     self.handles[k] = self.client.await_replacement(k, self.handles[k], deadline)
                     self.refs[k] = self._send(k)
                 except RayTaskError as e:
-                    raise RoleFailedError(f"parameter shard {k} failed in {self.method}: {e}") from e
+                    if not self._send_again_after(k, e):
+                        raise RoleFailedError(f"parameter shard {k} failed in {self.method}: {e}") from e
+                    self.refs[k] = self._send(k)
                 except ObjectLostError:
                     # The reply lived in the object store of a node that just died. Ask again: a live shard
                     # answers (a re-sent push is recognised by its sequence number), a dead one raises
@@ -100,6 +102,11 @@ class ShardCalls(Future):
                     self.handles[k] = self.client.handles[k]
                     self.refs[k] = self._send(k)
         return self.transform(out) if self.transform else out
+
+    def _send_again_after(self, k: int, error: RayTaskError) -> bool:
+        """Whether shard ``k``'s call is sent again after it raised ``error`` (a transport's own failure, which
+        its ``_send`` avoids the second time); a shard's failure fails the call."""
+        return False
 
     def done(self) -> bool:
         refs = list(self.refs.values())

@@ -148,6 +148,13 @@ class StreamCalls(ShardCalls):
         self._sent.add(k)
         return super()._send(k)
 
+    def _send_again_after(self, k: int, error) -> bool:
+        """A stream call that failed on the stream (its bytes did not come, or the shard was replaced under it) is
+        sent again the object store's way; a push it already applied is recognised by its sequence number."""
+        broken = isinstance(error, streams.StreamBroken) or isinstance(getattr(error, "cause", None),
+                                                                        streams.StreamBroken)
+        return k in self.streamed and broken
+
     def result(self, timeout_s: float):
         deadline = time.monotonic() + timeout_s
         replies = super().result(timeout_s)
