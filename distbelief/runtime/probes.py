@@ -35,11 +35,11 @@ def actor_call_times(role: type, role_args: tuple, method: str, method_args: tup
     """Seconds of each of ``repeats`` Ray actor calls (after ``warmup`` untimed ones): the runtime's
     ``RoleActor.call`` of ``role(*role_args).method(*method_args)``, on a local Ray started as a local run starts
     it (``connect``). ``settle()`` runs before the timing (to let Ray's start-up work end)."""
-    from distbelief.runtime.ray_runtime import RoleActor, connect
+    from distbelief.runtime.ray_runtime import connect, role_actor
 
     connect(num_cpus=2)
     try:
-        actor = RoleActor.options(num_cpus=0, max_concurrency=1).remote(1, role, *role_args)
+        actor = role_actor().options(num_cpus=0, max_concurrency=1).remote(1, role, *role_args)
         ray.get(actor.call.remote(method, *method_args))
         settle()
         for _ in range(warmup):

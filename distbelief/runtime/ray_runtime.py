@@ -173,7 +173,24 @@ def _part_bytes(part) -> int:
     return _array_bytes([part])
 
 
-@ray.remote(concurrency_groups={"streams": 16})
+def stream_threads(replicas: int) -> int:
+    """Threads a shard's stream calls need for ``replicas`` replicas: each may have a push and a fetch waiting at
+    once, and a fetch that waits for its replica's push must leave a thread for that push (else it would wait
+    until its timeout and fall back to the object store). Ray starts them with the actor."""
+    return min(256, max(8, 2 * replicas + 2))
+
+
+_ACTOR_CLASSES: dict[int, Any] = {}
+
+
+def role_actor(stream_calls: int = 1):
+    """The Ray actor class that hosts a role, with ``stream_calls`` threads for stream calls (a shard's; other
+    roles make none). Ray takes a concurrency group's size from the class, not from ``.options()``."""
+    if stream_calls not in _ACTOR_CLASSES:
+        _ACTOR_CLASSES[stream_calls] = ray.remote(concurrency_groups={"streams": stream_calls})(RoleActor)
+    return _ACTOR_CLASSES[stream_calls]
+
+
 class RoleActor:
     """Hosts one role object. The object is built here, inside the actor process.
 
@@ -270,24 +287,32 @@ class RoleActor:
         return version
 
     @ray.method(concurrency_group="streams")
-    def push_stream(self, name: str, index: int, *push_args):
-        """``push`` with the gradient taken from stream ``name`` (its push number ``index``); ``push_args`` are
-        push's other arguments in order (replica id, offset, version, examples, session, seq)."""
-        g = self._stream(name).take_push(index, self._stream_timeout_s)
+    def push_stream(self, name: str, index: int, after_fetches: int, *push_args):
+        """``push`` with the gradient taken from stream ``name`` (its push number ``index``), once the stream's
+        first ``after_fetches`` fetches (those the replica sent before it) are answered; ``push_args`` are push's
+        other arguments in order (replica id, offset, version, examples, session, seq)."""
+        end = self._stream(name)
+        g = end.take_push(index, self._stream_timeout_s)
+        end.await_answered(after_fetches, self._stream_timeout_s)
         with self._serial:
             return forwarded.answer(self.obj, self._pushed(name, index, g, push_args))
 
     @ray.method(concurrency_group="streams")
     def fetch_stream(self, name: str, index: int, after_pushes: int, replica_id: int) -> int:
         """``fetch``, its values sent on stream ``name`` (its fetch number ``index``) once the stream's first
-        ``after_pushes`` pushes (those the replica sent before it) are applied; returns the version."""
+        ``after_pushes`` pushes (those the replica sent before it) are applied; returns the version. (Calls of one
+        stream so keep the order the replica sent them in, as Ray keeps one caller's calls to an actor.)"""
         self._stream(name).await_applied(after_pushes, self._stream_timeout_s)
         with self._serial:
             return self._fetched(name, index, replica_id)
 
     @ray.method(concurrency_group="streams")
     def push_fetch_stream(self, name: str, push_index: int, fetch_index: int, *push_args):
-        g = self._stream(name).take_push(push_index, self._stream_timeout_s)
+        """``push_stream`` then ``fetch_stream`` in one call (its fetch is the stream's next: ``fetch_index - 1``
+        fetches came before the push)."""
+        end = self._stream(name)
+        g = end.take_push(push_index, self._stream_timeout_s)
+        end.await_answered(fetch_index - 1, self._stream_timeout_s)
         with self._serial:
             pushed = self._pushed(name, push_index, g, push_args)
             return forwarded.answer(self.obj, (pushed, self._fetched(name, fetch_index, push_args[0])))
@@ -487,6 +512,7 @@ class RayRuntime(Runtime):
         self.colocate = colocate
         # Across nodes, dense replicas move their bulk bytes on gloo streams to the shards (runtime/streams.py).
         self.streams = use_streams
+        self._replicas_hint = 0  # the most replicas this runtime may run at once (check_capacity)
         if self.shm_prefix:
             shm.remove_stale()  # buffers of runs whose driver was killed before it could remove them
 
@@ -507,6 +533,8 @@ class RayRuntime(Runtime):
         cpus = ray.cluster_resources().get("CPU", 0.0)
         unit = "partition" if partitions > 1 else "replica"
         per_unit = self.partition_cpus if partitions > 1 else self.replica_cpus
+        # (as many replicas as the cluster holds may come and go in an elastic run: the shards' stream threads)
+        self._replicas_hint = max(self._replicas_hint, num_replicas, int(cpus / max(per_unit, 1e-3)))
         units = num_replicas * partitions
         if units * per_unit <= cpus + 1e-9:
             return None
@@ -600,8 +628,9 @@ class RayRuntime(Runtime):
         return self._place_shard(shard_id, factory, self._shard_placement(shard_id, away_from=away_from))
 
     def _place_shard(self, shard_id: int, factory, placement: dict) -> Role:
-        actor = RoleActor.options(num_cpus=self.shard_cpus, max_concurrency=1, max_restarts=0,
-                                  **placement).remote(1, factory)
+        shard_class = role_actor(stream_threads(self._replicas_hint))
+        actor = shard_class.options(num_cpus=self.shard_cpus, max_concurrency=1, max_restarts=0,
+                                    **placement).remote(1, factory)
         self._actors.append(actor)
         role = Role("shard", shard_id, actor)
         strategy = placement.get("scheduling_strategy")
@@ -616,7 +645,7 @@ class RayRuntime(Runtime):
         # A replica whose pushes are encoded (compressed) sends them as call arguments, the object store's way:
         # the shared-memory planes move dense float32 vectors.
         dense = not getattr(factory, "pushes_encoded", False)
-        actor = RoleActor.options(num_cpus=self.replica_cpus, num_gpus=self.replica_gpus, max_concurrency=4,
+        actor = role_actor().options(num_cpus=self.replica_cpus, num_gpus=self.replica_gpus, max_concurrency=4,
                                   max_restarts=0).remote(
             threads, _build_replica, handles, layout, replica_id, self.remote_timeout_s, factory,
             self.shm_prefix if dense else None, self.colocate and dense, self.streams and dense)

@@ -147,6 +147,13 @@ class ShardEnd:
             if not self._turns.wait_for(lambda: self.pushes_applied >= pushes, timeout_s):
                 raise StreamBroken(f"{self.name}: a fetch waited {timeout_s:.0f}s for push {pushes} to be applied")
 
+    def await_answered(self, fetches: int, timeout_s: float) -> None:
+        """Wait until the stream's first ``fetches`` fetches were answered: a push the replica sent after them is
+        not in their answers (the same order, the other way)."""
+        with self._turns:
+            if not self._turns.wait_for(lambda: self.fetches_sent >= fetches, timeout_s):
+                raise StreamBroken(f"{self.name}: a push waited {timeout_s:.0f}s for fetch {fetches} to be answered")
+
     def send_fetch(self, index: int, values: np.ndarray, timeout_s: float) -> None:
         """Queue fetch answer number ``index`` (a copy of ``values``: the shard's live parameters change), after
         the answers before it."""

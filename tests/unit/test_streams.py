@@ -100,7 +100,7 @@ def test_a_closed_replica_end_breaks_the_shard_end_at_once():
     shard.close()
 
 
-def test_a_fetch_waits_for_the_pushes_its_replica_sent_before_it():
+def test_a_fetch_waits_for_the_pushes_its_replica_sent_before_it_and_a_push_for_the_fetches():
     store, replica, shard = _pair(4)
     shard.await_applied(0, 0.1)  # nothing sent before: at once
     with pytest.raises(streams.StreamBroken, match="waited 0s for push 1 to be applied"):
@@ -111,5 +111,15 @@ def test_a_fetch_waits_for_the_pushes_its_replica_sent_before_it():
     shard.applied(2)
     waiting.join(10)
     assert not waiting.is_alive() and shard.pushes_applied == 2
+    # ... and a push waits for the fetches its replica sent before it to be answered
+    with pytest.raises(streams.StreamBroken, match="waited 0s for fetch 1 to be answered"):
+        shard.await_answered(1, 0.1)
+    index, work, buf = replica.fetch()
+    waiting = threading.Thread(target=shard.await_answered, args=(1, 10))
+    waiting.start()
+    shard.send_fetch(index, np.zeros(4, np.float32), 10)
+    waiting.join(10)
+    streams.wait(work, time.monotonic() + 10, "fetch")
+    assert not waiting.is_alive() and shard.fetches_sent == 1
     replica.close("done")
     shard.close()

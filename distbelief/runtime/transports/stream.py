@@ -130,9 +130,10 @@ class StreamCalls(ShardCalls):
             tail = (c.replica_id, lo, versions[k], num_examples, c.session, seq) if push is not None else ()
             if push is not None and fetch:
                 stream_sends[k] = ("push_fetch_stream", (t.prefixes[k], push_index, fetch_index, *tail))
-            elif push is not None:
-                stream_sends[k] = ("push_stream", (t.prefixes[k], push_index, *tail))
-            else:  # (after the pushes this replica sent before: Ray's order for one caller's calls)
+            elif push is not None:  # (after the fetches this replica sent before it, and a fetch after the pushes
+                # before it: the order Ray keeps for one caller's calls to an actor)
+                stream_sends[k] = ("push_stream", (t.prefixes[k], push_index, end.fetches, *tail))
+            else:
                 stream_sends[k] = ("fetch_stream", (t.prefixes[k], fetch_index, end.pushes, c.replica_id))
             self.streamed[k] = (push_work, fetch_work, buf)
         self.first = {k: stream_sends.get(k, self.fallback[k]) for k in range(n)}
