@@ -55,12 +55,12 @@ def test_streams_give_the_object_stores_parameters_bit_for_bit(two_nodes, toy_da
 @pytest.mark.timeout(300)
 def test_a_shard_killed_mid_run_is_served_through_the_object_store_and_nothing_is_lost(two_nodes, toy_data,
                                                                                        tmp_path):
-    res = _train(two_nodes, toy_data, True, max_steps=200, durability="replicate", out=str(tmp_path / "run"),
-                 hooks=Faults(kill_shard_at_step=60, kill_shard_id=1))
+    res = _train(two_nodes, toy_data, True, max_steps=120, durability="replicate", out=str(tmp_path / "run"),
+                 hooks=Faults(kill_shard_at_step=40, kill_shard_id=1))
     s = res.summary
     assert s["replica_transports"] == {"stream (1 of 2 shards)": 1}  # the replacement: by the object store
     assert s["shard_restarts"] == 1 and s["updates_lost"] == 0
-    assert s["updates_per_shard"] == [200, 200]  # every push reached both shards once, the killed one included
+    assert s["updates_per_shard"] == [120, 120]  # every push reached both shards once, the killed one included
     assert torch.isfinite(res.flat_params).all()
 
 
@@ -81,9 +81,9 @@ def test_a_shard_that_lost_its_streams_is_served_through_the_object_store(two_no
         if not forgot:
             forgot.append(ray.get(trainer.shards[1].handle.__ray_call__.remote(forget_streams), timeout=30))
 
-    res = _train(two_nodes, toy_data, True, max_steps=150, eval_every_seconds=0.2,
+    res = _train(two_nodes, toy_data, True, max_steps=100, eval_every_seconds=0.2,
                  hooks=Faults(on_evaluation=forget))
     s = res.summary
     assert forgot == [1]  # the replica's one stream to shard 1
     assert s["replica_transports"] == {"stream (1 of 2 shards)": 1}
-    assert s["updates_per_shard"] == [150, 150] and s["steps_per_replica"] == [150]
+    assert s["updates_per_shard"] == [100, 100] and s["steps_per_replica"] == [100]
