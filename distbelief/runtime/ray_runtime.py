@@ -271,19 +271,19 @@ class RoleActor:
             raise streams.StreamBroken(f"no stream {name} here (this shard was restarted)")
         return end
 
-    def _pushed(self, name: str, index: int, g, push_args: tuple):
-        """(Under ``_serial``) apply push ``index`` of stream ``name``, whose gradient ``g`` came by the stream."""
+    def _pushed(self, end, index: int, g, push_args: tuple):
+        """(Under ``_serial``) apply push ``index`` of stream ``end``, whose gradient ``g`` came by the stream."""
         self.received += g.nbytes
         replica_id, *rest = push_args
         try:
             return self.obj.push(replica_id, g, *rest)
         finally:  # (a push refused, e.g. non-finite, counts as done too: the replica's next fetch may go on)
-            self._stream(name).applied(index)
+            end.applied(index)
 
-    def _fetched(self, name: str, index: int, replica_id: int) -> int:
-        """(Under ``_serial``) answer a fetch on stream ``name``: a copy of the values is queued there."""
+    def _fetched(self, end, index: int, replica_id: int) -> int:
+        """(Under ``_serial``) answer a fetch on stream ``end``: a copy of the values is queued there."""
         values, version = self.obj.fetch(replica_id)
-        self._stream(name).send_fetch(index, values, self._stream_timeout_s)
+        end.send_fetch(index, values, self._stream_timeout_s)
         return version
 
     @ray.method(concurrency_group="streams")
@@ -295,16 +295,17 @@ class RoleActor:
         g = end.take_push(index, self._stream_timeout_s)
         end.await_answered(after_fetches, self._stream_timeout_s)
         with self._serial:
-            return forwarded.answer(self.obj, self._pushed(name, index, g, push_args))
+            return forwarded.answer(self.obj, self._pushed(end, index, g, push_args))
 
     @ray.method(concurrency_group="streams")
     def fetch_stream(self, name: str, index: int, after_pushes: int, replica_id: int) -> int:
         """``fetch``, its values sent on stream ``name`` (its fetch number ``index``) once the stream's first
         ``after_pushes`` pushes (those the replica sent before it) are applied; returns the version. (Calls of one
         stream so keep the order the replica sent them in, as Ray keeps one caller's calls to an actor.)"""
-        self._stream(name).await_applied(after_pushes, self._stream_timeout_s)
+        end = self._stream(name)
+        end.await_applied(after_pushes, self._stream_timeout_s)
         with self._serial:
-            return self._fetched(name, index, replica_id)
+            return self._fetched(end, index, replica_id)
 
     @ray.method(concurrency_group="streams")
     def push_fetch_stream(self, name: str, push_index: int, fetch_index: int, *push_args):
@@ -314,8 +315,8 @@ class RoleActor:
         g = end.take_push(push_index, self._stream_timeout_s)
         end.await_answered(fetch_index - 1, self._stream_timeout_s)
         with self._serial:
-            pushed = self._pushed(name, push_index, g, push_args)
-            return forwarded.answer(self.obj, (pushed, self._fetched(name, fetch_index, push_args[0])))
+            pushed = self._pushed(end, push_index, g, push_args)
+            return forwarded.answer(self.obj, (pushed, self._fetched(end, fetch_index, push_args[0])))
 
     def pid(self) -> int:
         return os.getpid()

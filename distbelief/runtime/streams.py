@@ -184,7 +184,6 @@ class ReplicaEnd:
     def __init__(self, pg, size: int, name: str):
         self.pg, self.size, self.name = pg, size, name
         self.pushes = self.fetches = 0
-        self.broken: str | None = None
         self._lock = threading.Lock()  # the order of posting is the order of indices
 
     def push(self, values: np.ndarray):
@@ -203,10 +202,9 @@ class ReplicaEnd:
             self.fetches += 1
             return self.fetches, self.pg.recv([buf], 1, FETCH_TAG), buf
 
-    def close(self, why: str) -> None:
+    def close(self) -> None:
         """Let go of the stream: the connection closes once no transfer holds it, and the shard's end sees that
         (gloo's ``abort`` would leave the peer waiting)."""
-        self.broken = why
         self.pg = None
 
 

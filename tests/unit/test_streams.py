@@ -47,7 +47,7 @@ def test_pushes_and_fetches_arrive_exactly_in_order():
     answer[:] = 0  # the shard's live values change after it answered: the answer was a copy
     streams.wait(work, time.monotonic() + 10, "fetch")
     assert index == 1 and np.array_equal(buf.numpy(), answer_copy)
-    replica.close("done")
+    replica.close()
     shard.close()
 
 
@@ -65,7 +65,7 @@ def test_calls_out_of_order_wait_for_their_turn():
     assert got[1].tolist() == [1.0] * 4 and got[2].tolist() == [2.0] * 4
     for _, w in works:
         streams.wait(w, time.monotonic() + 10, "push")
-    replica.close("done")
+    replica.close()
     shard.close()
 
 
@@ -84,13 +84,13 @@ def test_a_message_named_out_of_order_or_of_the_wrong_size_is_refused():
     with pytest.raises(streams.StreamBroken, match="did not arrive within"):
         shard.take_push(2, 0.2)
     streams.wait(work, time.monotonic() + 10, "push")
-    replica.close("done")
+    replica.close()
     shard.close()
 
 
 def test_a_closed_replica_end_breaks_the_shard_end_at_once():
     store, replica, shard = _pair(10)
-    replica.close("the replica died")  # (as its process's exit would: the connection closes)
+    replica.close()  # (as its process's exit would: the connection closes)
     gc.collect()
     t0 = time.monotonic()
     with pytest.raises(streams.StreamBroken, match="closed"):
@@ -121,5 +121,5 @@ def test_a_fetch_waits_for_the_pushes_its_replica_sent_before_it_and_a_push_for_
     waiting.join(10)
     streams.wait(work, time.monotonic() + 10, "fetch")
     assert not waiting.is_alive() and shard.fetches_sent == 1
-    replica.close("done")
+    replica.close()
     shard.close()

@@ -65,9 +65,12 @@ class StreamTransport(ObjectStoreTransport):
         return sum(e is not None for e in self.ends)
 
     def _drop(self, k: int, why: str) -> None:
+        """Serve shard ``k`` through the object store from now on (one warning saying ``why``)."""
         end, self.ends[k] = self.ends[k], None
         if end is not None:
-            end.close(why)
+            end.close()
+            _warn(f"replica {self.client.replica_id}: parameter shard {k} is served through the object store from "
+                  f"now on ({why})")
 
     def replace_shard(self, shard_id: int, handle) -> int:
         self._drop(shard_id, "the shard was replaced")
