@@ -1,7 +1,11 @@
 """``topk``: per shard range, the ``ceil(ratio * n)`` values of largest magnitude and their int32 positions in the
 range (8 bytes per value kept); the rest waits in the replica's residual (feedback.py) until it grows large
 enough to be sent. Per range, not over the whole vector: each shard gets the same share of its values, and no
-shard waits for a global selection."""
+shard waits for a global selection.
+
+A part is a pair of numpy arrays (positions, values), not torch tensors: Ray serialises numpy arrays as
+out-of-band buffers, five times faster than a tensor's pickled storage (25 against 134 us for a Fig. 4 shard's
+part, a put and get of it 0.5 against 1.0 ms), and a push is serialised on every step."""
 
 from __future__ import annotations
 
@@ -53,22 +57,22 @@ class TopK(Codec):
         parts = []
         for lo, hi in self.ranges:
             x = a[lo:hi]
-            idx = largest(np.abs(x.numpy()), kept(self.ratio, hi - lo))
-            t = torch.from_numpy(idx)
-            parts.append((t, x[t.long()]))
+            values = x.numpy()
+            idx = largest(np.abs(values), kept(self.ratio, hi - lo))
+            parts.append((idx, values[idx]))
         return parts
 
     def residual(self, a: torch.Tensor, parts, dtype: torch.dtype) -> torch.Tensor:
         r = a.to(dtype)  # (a itself when dtype is float32: the feedback's own buffer)
         for (idx, _), (lo, _hi) in zip(parts, self.ranges):
-            r[lo + idx.long()] = 0  # sent whole: nothing left
+            r[lo + torch.as_tensor(idx).long()] = 0  # sent whole: nothing left
         return r
 
     @staticmethod
     def decode(part, lo: int, hi: int) -> torch.Tensor:
         idx, values = part
         out = torch.zeros(hi - lo, dtype=torch.float32)
-        out[idx.long()] = values
+        out[torch.as_tensor(idx).long()] = torch.as_tensor(values)
         return out
 
     @staticmethod
@@ -76,7 +80,7 @@ class TopK(Codec):
         """The kept values and their positions, as ``decode`` places them, when the positions are what ``encode``
         makes (strictly increasing, inside the range); None otherwise (the shard then decodes the part)."""
         idx, values = part
-        idx = torch.as_tensor(idx).long()
+        idx, values = torch.as_tensor(idx).long(), torch.as_tensor(values)
         n = idx.numel()
         if values.numel() != n or values.dtype != torch.float32:
             return None

@@ -259,8 +259,12 @@ class ParameterShard(DurableShard, ReplicatedShard, VectorAlgebra, ShardTables):
         this version, and log them."""
         if self._modified is None:
             return
-        positions = positions[values != 0].numpy().astype(np.int32)
-        self._modified[positions] = self.version
+        at = positions.numpy()  # (numpy's mask and scatter: several times torch's on tens of thousands of values)
+        nonzero = values.numpy() != 0
+        if not nonzero.all():
+            at = at[nonzero]
+        self._modified[at] = self.version
+        positions = at.astype(np.int32)
         self._changes.append((self.version, positions))
         self._changes_size += positions.size
         while self._changes_size > (self.hi - self.lo) // 8:  # older changes: a fetch from before them scans

@@ -1,6 +1,7 @@
 """Ray's costs, timed for the simulator's calibration (simulate/calibrate.py fits and records them).
 
-The engine's side of ``distbelief simulate --calibrate``: an actor call of the runtime's own ``RoleActor``; objects
+The engine's side of ``distbelief simulate --calibrate``: actor calls of the runtime's own ``RoleActor`` (replies
+small and large, with the CPU they cost the machine); objects
 fetched between the object stores of two nodes of a fake cluster (two raylets on this machine, over loopback);
 the same between two nodes of a shaped cluster (runtime/netcluster.py). Every Ray instance and cluster started
 here is shut down before the function returns, on error too.
@@ -35,21 +36,37 @@ def actor_call_times(role: type, role_args: tuple, method: str, method_args: tup
     """Seconds of each of ``repeats`` Ray actor calls (after ``warmup`` untimed ones): the runtime's
     ``RoleActor.call`` of ``role(*role_args).method(*method_args)``, on a local Ray started as a local run starts
     it (``connect``). ``settle()`` runs before the timing (to let Ray's start-up work end)."""
+    return actor_call_costs([(role, role_args, method, method_args)], repeats, warmup, settle)[0]["times"]
+
+
+def actor_call_costs(calls: Sequence[tuple[type, tuple, str, tuple]], repeats: int, warmup: int,
+                     settle: Callable[[], Any], cpu: Callable[[], float] = lambda: 0.0) -> list[dict[str, Any]]:
+    """For each ``(role, role_args, method, method_args)`` of ``calls``, on one local Ray started as a local run
+    starts it (``connect``): the seconds of each of ``repeats`` calls of the runtime's ``RoleActor.call`` of
+    ``role(*role_args).method(*method_args)`` (after ``warmup`` untimed ones; ``times``) and what ``cpu()``
+    (this machine's busy CPU seconds) grew by over them (``cpu_s``, with ``wall_s``). ``settle()`` runs once,
+    before the first timing (to let Ray's start-up work end)."""
     from distbelief.runtime.ray_runtime import connect, role_actor
 
     connect(num_cpus=2)
     try:
-        actor = role_actor().options(num_cpus=0, max_concurrency=1).remote(1, role, *role_args)
-        ray.get(actor.call.remote(method, *method_args))
+        actors = [role_actor().options(num_cpus=0, max_concurrency=1).remote(1, role, *args)
+                  for role, args, _, _ in calls]
+        for a, (_, _, method, margs) in zip(actors, calls):
+            ray.get(a.call.remote(method, *margs))
         settle()
-        for _ in range(warmup):
-            ray.get(actor.call.remote(method, *method_args))
-        times = []
-        for _ in range(repeats):
-            t = time.perf_counter()
-            ray.get(actor.call.remote(method, *method_args))
-            times.append(time.perf_counter() - t)
-        return times
+        out = []
+        for a, (_, _, method, margs) in zip(actors, calls):
+            for _ in range(warmup):
+                ray.get(a.call.remote(method, *margs))
+            times = []
+            cpu0, t0 = cpu(), time.perf_counter()
+            for _ in range(repeats):
+                t = time.perf_counter()
+                ray.get(a.call.remote(method, *margs))
+                times.append(time.perf_counter() - t)
+            out.append({"times": times, "cpu_s": cpu() - cpu0, "wall_s": time.perf_counter() - t0})
+        return out
     finally:
         ray.shutdown()
 

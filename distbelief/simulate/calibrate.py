@@ -5,19 +5,30 @@
 - a replica's gradient step (``WholeModel.gradient`` with one torch thread, as a replica runs) on shipped
   models of every layer kind at two minibatch sizes, and fits ``step_s``, ``example_s`` and ``macs_per_s`` to
   the step times (``fit_steps``); ``compute_cv`` is their spread, ``thread_efficiency`` what a second thread
-  gains on the largest dense one;
+  gains on the largest dense one; every step timed is also kept as that model's own (``step_measured``, read
+  instead of the fit for those models), with the paper's speech model's step at its default minibatch;
+- two replicas' co-located steps at once (gradient, push, copy), each in a thread with a model and shard of its
+  own, against one alone: ``contention``;
 - a parameter shard's push (``ParameterShard.push``: its checks and the rule's update) per value, for SGD and
   Adagrad, and its answer to a delta fetch (``fetch(since=...)``) per value of its range;
+- the same shard under top-k pushes from two replicas in turn, each push followed by that replica's delta fetch
+  (``measure_sparse``): per value a push carries, and per value a fetch answers from the shard's change log;
 - one copy of a large float32 buffer (what the shared-memory plane does to a push or a fetch);
 - every compression scheme on the Fig. 4 model's gradient in two shard ranges: the replica's compression with
   error feedback (``ErrorFeedback.compress``) and the shards' decode, per value;
-- a Ray actor call with a tiny argument and reply (the runtime's ``RoleActor.call``, on a local Ray);
+- Ray actor calls with a tiny argument and a tiny or large reply (the runtime's ``RoleActor.call``, on a local
+  Ray): the tiny call's time, and the CPU each costs the machine (the large replies go through the node's object
+  store);
 - Ray's object store between two nodes of a fake cluster (``local_cluster.fake_cluster``: two raylets on this
   machine, so objects move between two object stores, over loopback): the fetch times of objects of a few
   sizes fitted to ``objstore_call_s + bytes / objstore_bytes_per_s`` (``fit_transfers``), and the CPU that
   the processes at both ends spent per byte;
 - with ``links=True`` (root, Linux): the same fetches between the two nodes of a shaped cluster
   (``runtime/netcluster.py``) at 1 Gbit/s, for ``link_efficiency``.
+
+The shard's work, the copy and the codecs are each timed right after a gradient step of the Fig. 4 model
+(``cache_evictor``), as a run meets them: in a tight loop their arrays stay in the caches and they look up to
+1.7 times faster than in a run.
 
 Every Ray instance and cluster started here is shut down before ``calibrate`` returns, on error too. The fits
 are pure functions (``least_squares``, ``fit_steps``, ``fit_transfers``, ``thread_efficiency``); the medians
@@ -49,6 +60,9 @@ Log = Callable[[str], None]
 # work) and hidden layers differ in size, so that each kind's rate can be told apart
 STEP_MODELS = (("speech-tiny", "speech", 8192), ("speech-small", "speech", 256), ("mlp", "mnist1d", 10),
                ("lc-image-small", "shapes", 8), ("cnn", "mnist1d", 10))
+# Timed for their own step too (their time is read directly, not from the fit): the paper's speech model at its
+# default minibatch (its wide sigmoid layers run at a rate the smaller models' fit misses by 40 %)
+OWN_STEP_MODELS = (("speech-paper", "speech", 8192, 32),)
 STEP_BATCHES = (32, 128, 256)  # Downpour's default minibatch, the Fig. 4 recipe's, one towards Sandblaster's portions
 STEP_BLOCK = 5  # steps of one model timed in a row (after one untimed), as a replica repeats its step
 RULES = ("sgd", "adagrad")
@@ -57,6 +71,8 @@ COPY_BYTES = 32 * 2**20
 # Object sizes through the object store: ~200 KB (over Ray's 100 KiB limit for inline values, so it goes
 # through the store) shows the fixed cost, 1 MiB and 8 MiB the rate.
 OBJSTORE_SIZES = (200_000, 2**20, 8 * 2**20)
+# Replies of Ray actor calls on one node through its object store: a top-k part's size and a Fig. 4 shard's
+CALL_SIZES = (240_000, 4 * 2**20)
 # Up to 64 MiB, so that the fitted rate covers parts as large as a big model's (the paper model's are 84 MB). One
 # object at a time, one way, a 64 MiB one crosses a 1 Gbit/s link at about 0.94 Gbit/s; that such parts wait
 # longer in a run is the object plane's doing when a node sends and receives at once (simulate/engine.py).
@@ -201,39 +217,54 @@ def fit_transfers(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
 # --------------------------------------------------------------------------------------------------- timing
 
 
-def run_times(fn: Callable[[], Any], repeats: int, warmup: int) -> list[float]:
-    """Wall seconds of each of ``repeats`` runs of ``fn()``, after ``warmup`` untimed ones."""
+def run_times(fn: Callable[[], Any], repeats: int, warmup: int, before: Callable[[], Any] | None = None
+              ) -> list[float]:
+    """Wall seconds of each of ``repeats`` runs of ``fn()``, after ``warmup`` untimed ones; ``before()`` runs
+    untimed ahead of each timed one (``cache_evictor``: what a run does between two of them)."""
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(repeats):
+        if before is not None:
+            before()
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
     return times
 
 
-def interleaved_times(fns: Sequence[Callable[[], Any]], repeats: int, warmup: int, block: int = 1
-                      ) -> list[list[float]]:
+def interleaved_times(fns: Sequence[Callable[[], Any]], repeats: int, warmup: int, block: int = 1,
+                      before: Callable[[], Any] | None = None) -> list[list[float]]:
     """Wall seconds of ``repeats`` runs of each of ``fns`` (after ``warmup`` untimed ones each), taken in
     rounds: a stretch when the machine runs slower (a virtual machine's neighbours, a background job) falls on
     every function alike instead of on whichever was being timed. In each round each function runs ``block``
     times in a row after one untimed run, so that it finds the caches as a replica repeating its step does, not
     as the previous function left them (a replica runs one model's step over and over: a block of 5 times what
-    it does, one timed run after a switch is up to 40 % slower here)."""
+    it does, one timed run after a switch is up to 40 % slower here). ``before``: as ``run_times``."""
     for fn in fns:
         run_times(fn, 0, warmup)
     times: list[list[float]] = [[] for _ in fns]
     rounds = -(-repeats // block)
     for _ in range(rounds):
         for fn, out in zip(fns, times, strict=True):
-            out.extend(run_times(fn, block, 1))
+            out.extend(run_times(fn, block, 1, before))
     return times
 
 
-def median_time(fn: Callable[[], Any], repeats: int, warmup: int) -> float:
-    """Median wall seconds of ``fn()`` over ``repeats`` runs after ``warmup`` untimed ones."""
-    return statistics.median(run_times(fn, repeats, warmup))
+def median_time(fn: Callable[[], Any], repeats: int, warmup: int, before: Callable[[], Any] | None = None
+                ) -> float:
+    """Median wall seconds of ``fn()`` over ``repeats`` runs after ``warmup`` untimed ones (``before``: as
+    ``run_times``)."""
+    return statistics.median(run_times(fn, repeats, warmup, before))
+
+
+def cache_evictor() -> Callable[[], Any]:
+    """One gradient step of the Fig. 4 model (one torch thread, 128 examples): run before each timed shard update,
+    copy, fetch answer and compression, it leaves the caches as a run does, where the replicas' steps come
+    between them and evict their arrays (timed in a tight loop instead, a push and a copy of the Fig. 4 model's
+    values took 2.7 ms here, and 4.5 ms right after a gradient step)."""
+    src, x, y = _step_source("speech-tiny", "speech", 8192, 128)
+    return partial(src.gradient, x, y)
 
 
 def busy_seconds() -> float:
@@ -320,6 +351,32 @@ def measure_steps(rep: Effort, log: Log) -> list[tuple[str, StepPoint, float]]:
     return out
 
 
+def measure_own_steps(rep: Effort, log: Log) -> list[tuple[str, str, int, int, float]]:
+    """Median seconds of the step of each of ``OWN_STEP_MODELS`` (models the fit of ``measure_steps`` does not
+    cover well, timed at their default minibatch): ``(model, task, classes, batch, seconds)``."""
+    out = []
+    for model, task, classes, batch in OWN_STEP_MODELS:
+        source, x, y = _step_source(model, task, classes, batch)
+        seconds = median_time(partial(source.gradient, x, y), max(3, rep.step // 3), rep.warmup)
+        log(f"step {model} ({task}, {classes} classes) batch {batch}: {seconds * 1e3:.2f} ms")
+        out.append((model, task, classes, batch, seconds))
+    return out
+
+
+def step_table(steps: list[tuple[str, StepPoint, float]], own: list[tuple[str, str, int, int, float]]
+               ) -> dict[str, dict[str, float]]:
+    """``Costs.step_measured``: every step timed, by ``model:parameters`` and batch size."""
+    from distbelief.simulate.profile import profile_model
+
+    table: dict[str, dict[str, float]] = {}
+    cases = [(m, t, c, p.batch, p.seconds) for (m, p, _), (t, c) in
+             zip(steps, ((t, c) for m, t, c in STEP_MODELS for _ in STEP_BATCHES), strict=True)]
+    for model, task, classes, batch, seconds in [*cases, *own]:
+        key = f"{model}:{profile_model(model, task, classes).params}"
+        table.setdefault(key, {})[str(batch)] = seconds
+    return table
+
+
 def measure_threads(rep: Effort, log: Log) -> dict[str, Any] | None:
     """Median seconds of the Fig. 4 model's step (speech-tiny, 8192 classes, 128 examples) with one torch thread
     and with two, in interleaved blocks (``interleaved_times``: a slow stretch of the machine falls on both
@@ -349,35 +406,58 @@ def measure_threads(rep: Effort, log: Log) -> dict[str, Any] | None:
 
 
 def measure_contention(rep: Effort, log: Log) -> dict[str, Any] | None:
-    """How much slower the Fig. 4 model's step (one torch thread, 128 examples) runs when every core runs one at
-    the same time (each in a thread of its own, on a model of its own: the kernels release the GIL), against one
-    alone: replicas beside each other share the memory bus and the caches (``contention``). None on one
-    core."""
+    """How much slower a replica's work runs when every core runs a replica at the same time, against one alone:
+    replicas beside each other share the memory bus and the caches. Each replica (a thread of its own, with a
+    model and a parameter shard of its own: the kernels release the GIL) runs the co-located Downpour step: the
+    Fig. 4 model's gradient (one torch thread, 128 examples), then its push to the shard
+    (``ParameterShard.push``, Adagrad) and its fetch copied out (``read_into``). ``contention``: the gradient's
+    time together over alone; ``memory_contention``: the same for the push and the copy, which stream through
+    memory and suffer more. None on one core."""
     import threading
 
     cores = os.cpu_count() or 1
     if cores < 2:
         return None
     steps = [_step_source("speech-tiny", "speech", 8192, 128, seed=i) for i in range(cores)]
-    fns = [partial(src.gradient, x, y) for src, x, y in steps]
-    alone = statistics.median(interleaved_times(fns[:1], 2 * rep.step, rep.warmup, block=STEP_BLOCK)[0])
+    n = steps[0][0].grads.numel()
+    shards = [_shard(n, "adagrad") for _ in range(cores)]
+    buffers = [np.zeros(n, np.float32) for _ in range(cores)]
+
+    def loop(i: int, times: list[tuple[float, float]], count: int) -> None:
+        src, x, y = steps[i]
+        shard, out = shards[i], buffers[i]
+        for _ in range(count):
+            t0 = time.perf_counter()
+            src.gradient(x, y)
+            t1 = time.perf_counter()
+            shard.push(0, src.grads.numpy(), 0, shard.version, 128)
+            shard.read_into(out)
+            times.append((t1 - t0, time.perf_counter() - t1))
+
+    alone: list[tuple[float, float]] = []
+    loop(0, [], rep.warmup)
+    loop(0, alone, 2 * rep.step)
     start = threading.Barrier(cores)
-    together: list[list[float]] = [[] for _ in fns]
+    together: list[list[tuple[float, float]]] = [[] for _ in range(cores)]
 
     def run(i):
         start.wait()
-        together[i].extend(run_times(fns[i], 2 * rep.step, rep.warmup))
+        loop(i, [], rep.warmup)
+        loop(i, together[i], 2 * rep.step)
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(cores)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    both = statistics.median(x for times in together for x in times)
-    out = {"model": "speech-tiny", "classes": 8192, "batch": 128, "cores": cores, "alone_s": alone,
-           "together_s": both, "contention": max(1.0, both / alone)}
-    log(f"step speech-tiny batch 128: {alone * 1e3:.2f} ms alone, {both * 1e3:.2f} ms with all {cores} cores "
-        f"stepping: contention {out['contention']:.2f}")
+    alone_c, alone_m = (statistics.median(t[j] for t in alone) for j in (0, 1))
+    both_c, both_m = (statistics.median(t[j] for times in together for t in times) for j in (0, 1))
+    out = {"model": "speech-tiny", "classes": 8192, "batch": 128, "cores": cores, "values": n,
+           "alone_s": alone_c, "together_s": both_c, "contention": max(1.0, both_c / alone_c),
+           "memory_alone_s": alone_m, "memory_together_s": both_m, "memory_contention": max(1.0, both_m / alone_m)}
+    log(f"co-located step, speech-tiny batch 128: gradient {alone_c * 1e3:.2f} ms alone, {both_c * 1e3:.2f} ms "
+        f"with all {cores} cores stepping (contention {out['contention']:.2f}); push and copy of {n:,} values "
+        f"{alone_m * 1e3:.2f} ms alone, {both_m * 1e3:.2f} ms together ({out['memory_contention']:.2f})")
     return out
 
 
@@ -397,14 +477,15 @@ def _shard(n: int, rule: str):
     return ParameterShard(0, 0, n, np.zeros(n, np.float32), make_rule(rule, lr=1e-3), n)
 
 
-def measure_updates(rep: Effort, log: Log) -> dict[str, float]:
+def measure_updates(rep: Effort, log: Log, before: Callable[[], Any] | None = None) -> dict[str, float]:
     """Median seconds of ``ParameterShard.push`` of a dense gradient covering the shard's ``n`` values (the
-    finiteness check, the staleness bookkeeping, the rule's update in place), per rule."""
+    finiteness check, the staleness bookkeeping, the rule's update in place), per rule; ``before()`` untimed
+    ahead of each (``cache_evictor``)."""
     n = rep.shard_values
     g = np.random.default_rng(0).standard_normal(n, dtype=np.float32) * np.float32(1e-3)
     shards = [_shard(n, rule) for rule in RULES]
     runs = interleaved_times([lambda s=shard: s.push(0, g, 0, s.version, 32) for shard in shards], rep.shard,
-                             rep.warmup, block=STEP_BLOCK)
+                             rep.warmup, block=STEP_BLOCK, before=before)
     out = {}
     for rule, times in zip(RULES, runs, strict=True):
         out[rule] = statistics.median(times)
@@ -413,10 +494,11 @@ def measure_updates(rep: Effort, log: Log) -> dict[str, float]:
     return out
 
 
-def measure_delta(rep: Effort, log: Log) -> float:
+def measure_delta(rep: Effort, log: Log, before: Callable[[], Any] | None = None) -> float:
     """Median seconds for ``ParameterShard.fetch(since=...)`` to answer a delta fetch (``--compress-fetch
     delta``) from a shard of ``n`` values: scan each value's last-changed version, gather those changed since
-    the caller's last fetch; here ``DELTA_CHANGED`` of them, changed by one sparse push (as top-k sends)."""
+    the caller's last fetch; here ``DELTA_CHANGED`` of them, changed by one sparse push (as top-k sends).
+    ``before()`` untimed ahead of each (``cache_evictor``)."""
     n = rep.shard_values
     shard = _shard(n, "sgd")
     shard.fetch(since=("", -1))  # the first delta fetch: the shard starts tracking changes
@@ -429,18 +511,69 @@ def measure_delta(rep: Effort, log: Log) -> float:
     if fetched.idx is None or fetched.idx.size != changed.size:
         raise RuntimeError(f"the delta fetch sent {fetched.values.size} values, not the {changed.size} "
                            f"changed")
-    seconds = median_time(lambda: shard.fetch(since=since), rep.shard, rep.warmup)
+    seconds = median_time(lambda: shard.fetch(since=since), rep.shard, rep.warmup, before)
     log(f"delta fetch: {seconds * 1e3:.2f} ms for {n:,} values ({DELTA_CHANGED:.0%} changed) = "
         f"{seconds / n * 1e9:.3f} ns/value")
     return seconds
 
 
-def measure_copy(rep: Effort, log: Log) -> float:
+def measure_sparse(rep: Effort, log: Log, before: Callable[[], Any] | None = None
+                   ) -> tuple[float, float, dict[str, Any]]:
+    """A shard's work for top-k pushes answered by delta fetches, as two replicas make them: each in turn pushes
+    a top-k part (``ErrorFeedback`` over a random gradient, ``DELTA_CHANGED`` of the range) to an Adagrad shard
+    (``ParameterShard.push``: the positions checked, the rule over the values carried, the changes logged) and
+    fetches the values changed since its last fetch (``fetch(since=...)``: the log's positions since then,
+    merged, and their values). Returns the median seconds per value carried by a push and per value answered by
+    a fetch, and the record. ``before()`` untimed ahead of each push (``cache_evictor``)."""
+    import torch
+
+    from distbelief.compression import EncodedPush, ErrorFeedback, make_codec
+
+    n = rep.shard_values
+    shard = _shard(n, "adagrad")
+    rng = np.random.default_rng(2)
+    feedback = [ErrorFeedback(make_codec("topk", [(0, n)], None, ratio=DELTA_CHANGED), n) for _ in range(2)]
+    since = []
+    for _ in range(2):
+        answer, version = shard.fetch(since=("", -1))
+        since.append((answer.token, version))
+    push_s, fetch_s, carried, answered = [], [], [], []
+    for i in range(2 * (rep.shard + rep.warmup)):
+        r = i % 2
+        parts = feedback[r].compress(torch.from_numpy(rng.standard_normal(n, dtype=np.float32) * 1e-3))
+        push = EncodedPush("topk", parts, [(0, n)])
+        if before is not None:
+            before()
+        t = time.perf_counter()
+        shard.push(r, push, 0, since[r][1], 32)
+        t1 = time.perf_counter()
+        answer, version = shard.fetch(since=since[r])
+        t2 = time.perf_counter()
+        if answer.idx is None:
+            raise RuntimeError("the delta fetch answered whole where a few top-k pushes changed its range")
+        since[r] = (answer.token, version)
+        if i >= 2 * rep.warmup:
+            push_s.append(t1 - t)
+            fetch_s.append(t2 - t1)
+            carried.append(parts[0][0].numel())
+            answered.append(answer.idx.size)
+    per_carried = statistics.median(s / k for s, k in zip(push_s, carried))
+    per_answered = statistics.median(s / k for s, k in zip(fetch_s, answered))
+    log(f"sparse push: {statistics.median(push_s) * 1e3:.2f} ms for {statistics.median(carried):,.0f} values = "
+        f"{per_carried * 1e9:.1f} ns/value; delta fetch from the log: {statistics.median(fetch_s) * 1e3:.2f} ms "
+        f"for {statistics.median(answered):,.0f} values = {per_answered * 1e9:.1f} ns/value")
+    return per_carried, per_answered, {"push_s": statistics.median(push_s), "carried": statistics.median(carried),
+                                       "fetch_s": statistics.median(fetch_s),
+                                       "answered": statistics.median(answered)}
+
+
+def measure_copy(rep: Effort, log: Log, before: Callable[[], Any] | None = None) -> float:
     """Median seconds of one copy of a ``COPY_BYTES`` float32 buffer into another (``np.copyto``): what the
-    shared-memory plane does to a push or a fetch between two processes of one node."""
+    shared-memory plane does to a push or a fetch between two processes of one node. ``before()`` untimed ahead
+    of each (``cache_evictor``)."""
     src = np.ones(COPY_BYTES // 4, np.float32)
     dst = np.zeros_like(src)
-    seconds = median_time(lambda: np.copyto(dst, src), rep.shard, rep.warmup)
+    seconds = median_time(lambda: np.copyto(dst, src), rep.shard, rep.warmup, before)
     log(f"copy: {COPY_BYTES / 2**20:.0f} MiB in {seconds * 1e3:.2f} ms = {COPY_BYTES / seconds / 1e9:.2f} "
         f"GB/s")
     return seconds
@@ -449,7 +582,8 @@ def measure_copy(rep: Effort, log: Log) -> float:
 # -------------------------------------------------------------------------------------------- compression
 
 
-def measure_codecs(rep: Effort, log: Log) -> tuple[dict[str, float], dict[str, float], int]:
+def measure_codecs(rep: Effort, log: Log, before: Callable[[], Any] | None = None
+                   ) -> tuple[dict[str, float], dict[str, float], int]:
     """Median seconds, per scheme with its defaults, to compress a real gradient of the Fig. 4 model
     (speech-tiny, 8192 classes; 2 shard ranges) as a replica does before each push
     (``ErrorFeedback.compress``: add the residual, the codec's ``encode``, keep the new residual) and to
@@ -468,10 +602,10 @@ def measure_codecs(rep: Effort, log: Log) -> tuple[dict[str, float], dict[str, f
     encode, decode = {}, {}
     for name in SCHEMES:
         feedback = ErrorFeedback(make_codec(name, ranges, tensor_layout(model)), n)
-        encode[name] = median_time(partial(feedback.compress, g), rep.codec, rep.warmup)
+        encode[name] = median_time(partial(feedback.compress, g), rep.codec, rep.warmup, before)
         parts = feedback.last_parts
         decode[name] = median_time(partial(_decode_all, codec_class(name).decode, parts, ranges), rep.codec,
-                                   rep.warmup)
+                                   rep.warmup, before)
         log(f"compression {name}: encode {encode[name] * 1e3:.2f} ms, decode {decode[name] * 1e3:.2f} ms for "
             f"{n:,} values = {encode[name] / n * 1e9:.2f} / {decode[name] / n * 1e9:.2f} ns/value")
     return encode, decode, n
@@ -484,25 +618,42 @@ def _decode_all(decode: Callable, parts: list, ranges: list[tuple[int, int]]) ->
 # ---------------------------------------------------------------------------------------------------- Ray
 
 
-def measure_call(rep: Effort, background: float, log: Log) -> tuple[float, float]:
-    """Median seconds of one Ray actor call with a tiny argument and reply (runtime/probes.py): a 16-value
-    parameter shard's ``fetch``, through the runtime's own actor; and the cores that a local Ray keeps busy
-    when nothing runs on it (raylet, GCS, agents: ``ray_idle_cores``), over what was busy before it started."""
+def measure_call(rep: Effort, background: float, log: Log) -> dict[str, Any]:
+    """Ray actor calls on one node (runtime/probes.py ``actor_call_costs``), through the runtime's own actor: a
+    parameter shard's ``fetch`` whose reply is tiny (16 values: inline with the reply) or large (``CALL_SIZES``:
+    through the node's object store). ``call_s``: the median seconds of the tiny call; ``call_cpu_s``: the CPU
+    it costs the machine (caller, callee and raylet together, less Ray's idle load); ``local_object_cpu_s`` and
+    ``local_object_cpu_s_per_byte``: what a large reply costs beyond that, fitted over its sizes. Also the
+    cores that a local Ray keeps busy when nothing runs on it (raylet, GCS, agents: ``ray_idle_cores``), over
+    what was busy before it started."""
     from distbelief.ps.rules import make_rule
     from distbelief.ps.shard import ParameterShard
-    from distbelief.runtime.probes import actor_call_times
+    from distbelief.runtime.probes import actor_call_costs
 
-    shard_args = (0, 0, 16, np.zeros(16, np.float32), make_rule("sgd", lr=0.1), 16)
     idle: list[float] = []
 
     def settle():
         wait_quiet(background)
         idle.append(max(0.0, busy_cores(1.0) - background))  # Ray's own processes, nothing else running
 
-    seconds = statistics.median(actor_call_times(ParameterShard, shard_args, "fetch", (0,), rep.call,
-                                                 rep.call // 10, settle))
-    log(f"Ray actor call: {seconds * 1e3:.3f} ms; Ray idle keeps {idle[0]:.2f} cores busy")
-    return seconds, idle[0]
+    def shard(n):
+        return ParameterShard, (0, 0, n, np.zeros(n, np.float32), make_rule("sgd", lr=0.1), n), "fetch", (0,)
+
+    sizes = (16, *(b // 4 for b in CALL_SIZES))
+    runs = actor_call_costs([shard(n) for n in sizes], rep.call, rep.call // 10, settle, busy_seconds)
+    ray_idle = idle[0]
+    cpu = [max(0.0, r["cpu_s"] - (background + ray_idle) * r["wall_s"]) / rep.call for r in runs]
+    seconds = statistics.median(runs[0]["times"])
+    extra = [(4 * n, max(1e-9, c - cpu[0])) for n, c in zip(sizes[1:], cpu[1:])]
+    object_s, object_rate = fit_transfers(extra)
+    log(f"Ray actor call: {seconds * 1e3:.3f} ms, {cpu[0] * 1e3:.2f} ms of CPU; a reply through the object "
+        f"store: " + ", ".join(f"{b / 1e6:.2f} MB {c * 1e3:.2f} ms of CPU more" for b, c in extra)
+        + f" = {object_s * 1e3:.2f} ms + {1e9 / object_rate:.2f} ns/byte; Ray idle keeps {ray_idle:.2f} cores "
+        f"busy")
+    return {"call_s": seconds, "call_cpu_s": cpu[0], "local_object_cpu_s": object_s,
+            "local_object_cpu_s_per_byte": 1.0 / object_rate, "ray_idle_cores": ray_idle,
+            "record": [{"bytes": 4 * n, "seconds": statistics.median(r["times"]), "cpu_s": c}
+                       for n, r, c in zip(sizes, runs, cpu)]}
 
 
 def _median_by_size(points: Sequence[Sequence[float]]) -> list[tuple[int, float]]:
@@ -621,34 +772,42 @@ def calibrate(path: str | Path | None = None, *, links: bool = False, quick: boo
     torch.set_num_threads(1)
     try:
         steps = measure_steps(rep, log)
+        own = measure_own_steps(rep, log)
         scaling = measure_threads(rep, log)
         sharing = measure_contention(rep, log)
-        updates = measure_updates(rep, log)
-        delta = measure_delta(rep, log)
-        copy = measure_copy(rep, log)
-        encode, decode, codec_values = measure_codecs(rep, log)
+        evict = cache_evictor()  # each of these timed as a run meets it: right after a replica's step
+        updates = measure_updates(rep, log, evict)
+        delta = measure_delta(rep, log, evict)
+        sparse_push, delta_log, sparse = measure_sparse(rep, log, evict)
+        copy = measure_copy(rep, log, evict)
+        encode, decode, codec_values = measure_codecs(rep, log, evict)
     finally:
         torch.set_num_threads(threads)
     compute, steps_record = _fit_compute(steps, scaling, log)
-    call_s, ray_idle = measure_call(rep, background, log)
+    call = measure_call(rep, background, log)
     objstore = measure_objstore(rep, background, log)
     costs = Costs(
         machine=machine_name(), date=dt.date.today().isoformat(), cpus=os.cpu_count() or 1, **compute,
-        update_s_per_value={r: s / n for r, s in updates.items()}, call_s=call_s, ray_idle_cores=ray_idle,
+        step_measured=step_table(steps, own),
+        update_s_per_value={r: s / n for r, s in updates.items()}, call_s=call["call_s"],
+        call_cpu_s=call["call_cpu_s"], local_object_cpu_s=call["local_object_cpu_s"],
+        local_object_cpu_s_per_byte=call["local_object_cpu_s_per_byte"], ray_idle_cores=call["ray_idle_cores"],
         contention=sharing["contention"] if sharing else 1.0,
         copy_bytes_per_s=COPY_BYTES / copy, objstore_call_s=objstore["call_s"],
         objstore_bytes_per_s=objstore["bytes_per_s"], objstore_cpu_s_per_byte=objstore["cpu_s_per_byte"],
         link_object_s=objstore["call_s"],  # (the shaped link's own, with links=True)
         encode_s_per_value={k: s / codec_values for k, s in encode.items()},
-        decode_s_per_value={k: s / codec_values for k, s in decode.items()}, delta_s_per_value=delta / n)
+        decode_s_per_value={k: s / codec_values for k, s in decode.items()}, delta_s_per_value=delta / n,
+        sparse_push_s_per_value=sparse_push, delta_log_s_per_value=delta_log)
     measurements: dict[str, Any] = {
         "steps": steps_record,
         "threads": scaling,  # None: one core, thread_efficiency is the default
         "contention": sharing,  # None: one core
         "shard_values": n, "update_s": updates, "delta_s": delta, "delta_changed": DELTA_CHANGED,
+        "sparse": sparse,
         "copy": {"bytes": COPY_BYTES, "seconds": copy},
         "codec_values": codec_values, "compress_s": encode, "decode_s": decode,
-        "call_s": call_s,
+        "call": call["record"],
         "objstore": _sized(objstore["medians"], objstore["call_s"], objstore["bytes_per_s"]),
         "objstore_cpu": objstore["cpu"],
     }

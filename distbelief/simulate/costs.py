@@ -11,21 +11,28 @@ How the simulator uses them:
 - a replica's step on one core: ``step_s + batch * (example_s + 3 * macs / macs_per_s[kind])`` summed over the
   model's layer kinds (forward is one multiply-add per weight use, backward two); with ``t`` threads the
   multiply-adds go ``1 + (t - 1) * thread_efficiency`` times faster; each step's time varies by ``compute_cv``
-  (a seeded lognormal draw), as real steps do; a step that starts while other computations hold the node's
+  (a seeded lognormal draw), as real steps do; a model whose step the calibration timed (``step_measured``)
+  takes its own measured time instead of the fit's; a step that starts while other computations hold the node's
   other cores runs up to ``contention`` times slower (memory bus and caches shared: all cores busy gives the
   full factor, one other of three a third of it);
 - Ray's own processes (raylet, GCS, agents) keep ``ray_idle_cores`` of every node busy: every CPU job on a
   node takes ``cores / (cores - ray_idle_cores * nodes on those cores)`` times longer;
-- a shard's update of ``n`` values: ``n * update_s_per_value[rule]``, plus ``call_s`` per call (Ray's actor
-  call: scheduling, arguments, reply);
-- bytes between two processes on one node: ``copy_bytes_per_s`` (the shared-memory plane copies once);
+- a shard's update of ``n`` values: ``n * update_s_per_value[rule]``; a Ray actor call costs ``call_cpu_s`` of
+  CPU (half on the caller's node, half on the callee's: scheduling, arguments, reply) and takes ``call_s`` where
+  only its time matters (a model partition's message);
+- bytes between two processes on one node: ``copy_bytes_per_s`` (the shared-memory plane copies once), or,
+  through the node's object store (a call's argument or reply over Ray's inline limit),
+  ``local_object_cpu_s + bytes * local_object_cpu_s_per_byte`` of CPU, half on each end;
 - bytes between nodes through Ray's object store: a fixed cost per object plus the bytes at the slower of
   ``objstore_bytes_per_s`` (the object manager's own rate, measured with no link limit) and the link's rate times
   ``link_efficiency``; the fixed cost is ``objstore_call_s`` on an unlimited link (loopback) and
   ``link_object_s`` on a rate-limited one (the pull protocol's round trips wait in the link's queue); the
   object manager's work is CPU on both nodes (``objstore_cpu_s_per_byte``);
 - compression: ``encode_s_per_value[scheme]`` on the replica, ``decode_s_per_value[scheme]`` on the shard, and
-  ``delta_s_per_value`` for a shard to find the values changed since a replica's last fetch.
+  ``delta_s_per_value`` for a shard to find the values changed since a replica's last fetch by a scan of its
+  range; a top-k push that the shard steps value by value costs ``sparse_push_s_per_value`` per value it carries
+  (instead of decoding and the rule over the range), and a delta fetch after such pushes reads the shard's log of
+  changed positions: ``delta_log_s_per_value`` per value it answers.
 """
 
 from __future__ import annotations
@@ -55,9 +62,15 @@ class Costs:
     thread_efficiency: float = 0.8  # each thread beyond a replica's first adds this share of one thread's rate
     compute_cv: float = 0.03  # step-to-step variation of a replica's compute time (standard deviation / mean)
     contention: float = 1.0  # a step's time when every core of its node computes at once, over its time alone
+    # a model's own step, timed (one thread): "model:parameters" -> {batch size: seconds} (``measured_step``)
+    step_measured: dict[str, dict[str, float]] = field(default_factory=dict)
     # parameter shards
     update_s_per_value: dict[str, float] = field(default_factory=lambda: {"sgd": 1.0e-9, "adagrad": 4.0e-9})
     call_s: float = 1.0e-3
+    call_cpu_s: float = 1.0e-3  # the CPU one call costs the machine: caller, callee and raylet together
+    # an argument or reply through one node's object store (over Ray's inline limit): CPU per object and per byte
+    local_object_cpu_s: float = 3.0e-4
+    local_object_cpu_s_per_byte: float = 1.0e-9
     ray_idle_cores: float = 0.0  # cores Ray's own processes keep busy on a node with nothing running
     # data planes
     copy_bytes_per_s: float = 5.0e9
@@ -75,6 +88,10 @@ class Costs:
     decode_s_per_value: dict[str, float] = field(default_factory=lambda: {
         "fp16": 1e-9, "topk": 1e-9, "qsgd": 2e-8, "powersgd": 5e-9})
     delta_s_per_value: float = 1.0e-9
+    # top-k pushes stepped value by value (ps/shard.py ``_push_values``) and the delta fetches answered from the
+    # shard's log of changed positions after them: seconds per value a push carries, per value a fetch answers
+    sparse_push_s_per_value: float = 1.0e-7
+    delta_log_s_per_value: float = 2.0e-8
     # what was measured, for the record (calibrate.py fills it; the simulator does not read it)
     measurements: dict[str, Any] = field(default_factory=dict)
 
@@ -103,7 +120,9 @@ class Costs:
             if not getattr(self, name) > 0:
                 raise ConfigError("costs", f"{source}: {name} must be > 0, got {getattr(self, name)!r}")
         for name in ("step_s", "example_s", "call_s", "objstore_call_s", "link_object_s", "objstore_cpu_s_per_byte",
-                     "stream_cpu_s_per_byte", "delta_s_per_value"):
+                     "stream_cpu_s_per_byte", "delta_s_per_value", "sparse_push_s_per_value", "call_cpu_s",
+                     "local_object_cpu_s", "local_object_cpu_s_per_byte",
+                     "delta_log_s_per_value"):
             if not getattr(self, name) >= 0:
                 raise ConfigError("costs", f"{source}: {name} must be >= 0, got {getattr(self, name)!r}")
         if not 0 <= self.thread_efficiency <= 1:
@@ -122,6 +141,42 @@ class Costs:
         for rule in ("sgd", "adagrad"):
             if not self.update_s_per_value.get(rule, -1) >= 0:
                 raise ConfigError("costs", f"{source}: update_s_per_value[{rule!r}] must be >= 0")
+
+    def scaled(self, factor: float) -> "Costs":
+        """These costs on a machine ``factor`` times slower at everything its CPUs do (compute, shard work,
+        copies, codecs, Ray's calls and object store): what ``simulate --validate`` predicts a run with when
+        its own timing of the run's step, just before and after the run, says the machine's speed moved since the
+        calibration. Links and their fixed costs stay as they are."""
+        f = float(factor)
+        return dataclasses.replace(
+            self, macs_per_s={k: v / f for k, v in self.macs_per_s.items()}, step_s=self.step_s * f,
+            example_s=self.example_s * f,
+            step_measured={m: {b: t * f for b, t in by.items()} for m, by in self.step_measured.items()},
+            update_s_per_value={k: v * f for k, v in self.update_s_per_value.items()}, call_s=self.call_s * f,
+            call_cpu_s=self.call_cpu_s * f, local_object_cpu_s=self.local_object_cpu_s * f,
+            local_object_cpu_s_per_byte=self.local_object_cpu_s_per_byte * f,
+            copy_bytes_per_s=self.copy_bytes_per_s / f, objstore_bytes_per_s=self.objstore_bytes_per_s / f,
+            objstore_cpu_s_per_byte=self.objstore_cpu_s_per_byte * f,
+            stream_cpu_s_per_byte=self.stream_cpu_s_per_byte * f,
+            encode_s_per_value={k: v * f for k, v in self.encode_s_per_value.items()},
+            decode_s_per_value={k: v * f for k, v in self.decode_s_per_value.items()},
+            delta_s_per_value=self.delta_s_per_value * f, sparse_push_s_per_value=self.sparse_push_s_per_value * f,
+            delta_log_s_per_value=self.delta_log_s_per_value * f)
+
+    def measured_step(self, model: str, params: int, batch: int, fitted: float) -> float | None:
+        """Seconds of one step (one thread) of ``model`` with ``params`` parameters at minibatch ``batch`` from
+        its timed steps (``step_measured``): the time at the nearest batch size timed, scaled by what the layer
+        kinds' fit says (``fitted`` at ``batch`` against the fit at that size: exact at a size timed); None
+        when the calibration did not time this model."""
+        timed = self.step_measured.get(f"{model}:{params}")
+        if not timed:
+            return None
+        nearest = min(timed, key=lambda b: (abs(int(b) - batch), int(b)))
+        seconds = timed[nearest]
+        if int(nearest) == batch:
+            return seconds
+        per_example = (fitted - self.step_s) / batch  # the fit, at the size timed and at this one
+        return seconds * fitted / max(1e-12, self.step_s + int(nearest) * per_example)
 
     def update_s(self, rule: str) -> float:
         """Seconds per value of server rule ``rule`` (rules without a measurement cost what Adagrad costs)."""

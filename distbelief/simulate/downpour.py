@@ -37,14 +37,19 @@ from distbelief.simulate.workload import Workload
 def compute_seconds(work: Workload, costs: Costs, threads: int = 1, machines: Machines | None = None) -> float:
     """One replica's minibatch step with ``threads`` threads: the fixed cost, the per-example cost, and forward
     plus backward (three multiply-adds per weight use) at the measured rate of each layer kind, the multiply-adds
-    spread over the threads at ``thread_efficiency``. A model-parallel replica's step is the slowest
-    partition's (simulate/partition.py)."""
+    spread over the threads at ``thread_efficiency``; a model whose own step the calibration timed
+    (``Costs.measured_step``) takes that time with one thread instead. A model-parallel replica's step is the
+    slowest partition's (simulate/partition.py)."""
     p = work.profile
     if work.partitions > 1:
         return partition_seconds(work, costs, threads, machines)
     speedup = 1 + (threads - 1) * costs.thread_efficiency
-    macs_s = sum(3 * macs / costs.macs_per_s[kind] for kind, macs in p.macs.items() if macs) / speedup
-    return costs.step_s + work.batch * (costs.example_s + macs_s)
+    macs_s = sum(3 * macs / costs.macs_per_s[kind] for kind, macs in p.macs.items() if macs)
+    fixed = costs.step_s + work.batch * costs.example_s
+    measured = costs.measured_step(p.name, p.params, work.batch, fixed + work.batch * macs_s)
+    if measured is not None:  # this model's own step, timed by the calibration: its multiply-adds' share
+        macs_s = max(0.0, measured - fixed) / work.batch
+    return fixed + work.batch * macs_s / speedup
 
 
 def partition_seconds(work: Workload, costs: Costs, threads: int, machines: Machines | None) -> float:
@@ -184,20 +189,23 @@ class DownpourRun:
         One Ray call (a push and its fetch are one on every transport): the caller pays its half of the call's
         cost on its own core first."""
         if not self.colocated:
-            yield from self.world.cpu(self.replica_nodes[r], self.costs.call_s / 2)
+            yield from self.world.cpu(self.replica_nodes[r], self.costs.call_cpu_s / 2)
         s, c, w = self.shards, self.costs, self.work
         with s.lock[k].request() as req:
             yield req
             t = self.env.now
-            seconds = 0.0 if self.colocated else c.call_s / 2  # the callee's half of the call
-            if push:
+            seconds = 0.0 if self.colocated else c.call_cpu_s / 2  # the callee's half of the call
+            if push and w.sparse_pushes:  # stepped value by value: the rule, gathers and the change log
+                seconds += c.sparse_push_s_per_value * self.push_values[k]
+            elif push:
                 seconds += self.push_decode_s[k] + c.update_s(w.rule) * self.push_values[k]
             changed = 1.0
             if fetch and w.compress_fetch == "delta":
                 seen = self.pushes_since_fetch[r][k] + (1 if push else 0)  # others' pushes since, and its own
                 changed = 1.0 - (1.0 - w.push_density) ** max(seen, 1)
                 # after sparse pushes the shard reads its log of changed positions, else it scans the range
-                seconds += c.delta_s_per_value * s.sizes[k] * (changed if w.sparse_pushes else 1.0)
+                seconds += (c.delta_log_s_per_value * s.sizes[k] * changed if w.sparse_pushes
+                            else c.delta_s_per_value * s.sizes[k])
             if fetch and self.colocated:  # the replica copies the values into its fetch buffer
                 seconds += 4 * s.sizes[k] / c.copy_bytes_per_s
             yield from self.world.cpu(worker_node, seconds)
@@ -381,17 +389,17 @@ class DownpourRun:
                 for r in range(started):
                     if r not in busy and r not in called:
                         called.add(r)
-                        yield from self.world.cpu(DRIVER_NODE, c.call_s / 2)  # the driver's half of the call
+                        yield from self.world.cpu(DRIVER_NODE, c.call_cpu_s / 2)  # the driver's half of the call
                         busy[r] = env.process(replica_step(r, arrived))
                 yield env.any_of(list(busy.values()))
-            yield from self.world.cpu(DRIVER_NODE, w.shards * c.call_s / 2)  # its calls to the shards
+            yield from self.world.cpu(DRIVER_NODE, w.shards * c.call_cpu_s / 2)  # its calls to the shards
             used = arrived[:w.replicas]
 
             def apply(k):
                 with s.lock[k].request() as req:
                     yield req
                     t = env.now
-                    seconds = (c.call_s / 2 + w.replicas * (self.decode_s[k] + c.update_s("sgd") * s.sizes[k])
+                    seconds = (c.call_cpu_s / 2 + w.replicas * (self.decode_s[k] + c.update_s("sgd") * s.sizes[k])
                                + c.update_s(w.rule) * s.sizes[k])
                     yield from self.world.cpu(s.nodes[k], seconds)
                     s.staleness[0] += w.replicas

@@ -78,8 +78,9 @@ class World:
         yield from self.cpu(node, nbytes / self.costs.copy_bytes_per_s)
 
     def send(self, src: int, dst: int, nbytes: float, *, object_store: bool = True, stream: bool = False):
-        """``nbytes`` from a process on ``src`` to one on ``dst``: within a node through the object store (a copy
-        and a per-object cost) or not at all (``object_store=False``: shared buffers, read in place); between
+        """``nbytes`` from a process on ``src`` to one on ``dst``: within a node through the object store (CPU per
+        object and per byte, half at each end) or not at all (``object_store=False``: shared buffers, read in
+        place); between
         nodes on a stream (``stream``), inline with the call when small, else through Ray's object store over
         both nodes' links."""
         c = self.costs
@@ -96,9 +97,10 @@ class World:
                 yield self.env.timeout(self.machines.latency_s)
             return
         if src == dst:
-            if object_store and nbytes > INLINE_BYTES:
-                yield self.env.timeout(c.objstore_call_s)
-                yield from self.copy(src, nbytes)
+            if object_store and nbytes > INLINE_BYTES:  # put by the sender, read by the receiver: CPU at both ends
+                half = (c.local_object_cpu_s + nbytes * c.local_object_cpu_s_per_byte) / 2
+                yield from self.cpu(src, half)
+                yield from self.cpu(dst, half)
             return
         inline = nbytes <= INLINE_BYTES
         if inline or math.isinf(self.rate):

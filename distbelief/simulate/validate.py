@@ -12,6 +12,11 @@ measured (examples/s, mean staleness). Records come from
   ``benchmarks/shaped_links.py`` (runs on the 4-node shaped cluster of ``distbelief cluster up``: two replica
   nodes, two shard nodes, every link shaped, all nodes on this machine's cores).
 
+This machine's speed moves by a quarter within half an hour (a virtual machine's neighbours), so each run made
+here also times its model's step just before and just after it (``step_probe``), and the prediction for it
+scales every CPU cost of the calibration by that step's time over the calibration's (``Costs.scaled``); the
+report gives the errors without that scaling too.
+
 Each record is simulated with the same settings on the same machines; the report gives both numbers per run,
 the mean and max relative error of examples/s, the error of the mean staleness (in updates), and Kendall's tau
 between the predicted and measured rankings by examples/s.
@@ -65,6 +70,44 @@ SHAPED = {  # name -> (link rate, settings over FIG4_TASK)
 
 
 # ---------------------------------------------------------------------- records
+_PROBES: dict[tuple, tuple] = {}
+
+
+def step_probe(settings: dict[str, Any], seconds: float = 0.6) -> float:
+    """The median seconds of one step of the model that a run of ``settings`` trains, at its minibatch, with one
+    torch thread, timed here and now (about ``seconds`` of steps, at least 3): how fast this machine is at the
+    time of the run, against the calibration's timing of the same step (``compare``)."""
+    import torch
+
+    from distbelief.simulate.calibrate import _step_source
+
+    cfg = config_from({k: v for k, v in settings.items() if v is not None}).normalized()
+    key = (cfg.model, cfg.task, cfg.num_classes, cfg.batch_size)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        if key not in _PROBES:
+            source, x, y = _step_source(*key)
+            source.gradient(x, y)  # (the first step allocates)
+            _PROBES[key] = (source, x, y)
+        source, x, y = _PROBES[key]
+        times = []
+        while len(times) < 3 or sum(times) < seconds:
+            t = time.perf_counter()
+            source.gradient(x, y)
+            times.append(time.perf_counter() - t)
+        return statistics.median(times)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def probed(settings: dict[str, Any], run: Callable[[], dict]) -> tuple[dict, float]:
+    """``run()``'s summary, and ``step_probe`` of its model just before and just after it (the mean)."""
+    before = step_probe(settings)
+    summary = run()
+    return summary, (before + step_probe(settings)) / 2
+
+
 def shaped_records(results: dict[str, Any], directory: Path) -> list[dict]:
     """The runs of a shaped-links benchmark (``results.json``) as measurement records."""
     out = []
@@ -106,13 +149,13 @@ def run_one_node(out: Path, log: Callable[[str], None], seconds: float = RUN_SEC
         cfg = config_from(values).validate()
         log(f"validate: running {name} for {seconds:g} s")
         t = time.monotonic()
-        s = train_task(cfg).summary
+        s, probe = probed({**FIG4_TASK, **extra}, lambda: train_task(cfg).summary)
         log(f"validate: {name}: {s['examples_per_s']:,.0f} examples/s, staleness {s.get('staleness_mean')} "
-            f"({time.monotonic() - t:.0f} s with start-up)")
+            f"({time.monotonic() - t:.0f} s with start-up; a step {probe * 1e3:.1f} ms)")
         records.append({"name": name, "settings": {**FIG4_TASK, **extra},
                         "machines": {"nodes": 1, "cores_per_node": cores},
                         "examples_per_s": s["examples_per_s"], "staleness_mean": s.get("staleness_mean"),
-                        "source": _keep_summary(out, name + tag)})
+                        "step_probe_s": probe, "source": _keep_summary(out, name + tag)})
     return records
 
 
@@ -123,8 +166,14 @@ def median_records(rounds: list[list[dict]]) -> list[dict]:
     for recs in zip(*rounds, strict=True):
         rates = [r["examples_per_s"] for r in recs]
         stale = [r["staleness_mean"] for r in recs if r["staleness_mean"] is not None]
+        # the machine's speed at the run whose rate is the median (an even count: the mean of the middle two's)
+        order = sorted(range(len(recs)), key=lambda i: rates[i])
+        middle = [recs[i] for i in order[(len(recs) - 1) // 2: len(recs) // 2 + 1]]
+        probes = [r.get("step_probe_s") for r in middle]
         out.append({**recs[0], "examples_per_s": statistics.median(rates), "examples_per_s_runs": rates,
                     "staleness_mean": statistics.median(stale) if stale else None,
+                    "step_probe_s": statistics.fmean(probes) if None not in probes else None,
+                    "step_probe_s_runs": [r.get("step_probe_s") for r in recs],
                     "source": [r["source"] for r in recs]})
     return out
 
@@ -159,17 +208,21 @@ def run_shaped(out: Path, log: Callable[[str], None], seconds: float = RUN_SECON
                        *flags, f"--max-seconds={seconds}", "--address", c.address, "--out", str(run_dir)]
                 log(f"validate: running {name} for {seconds:g} s")
                 t = time.monotonic()
-                with open(out / "runs" / f"{name}{tag}.log", "w") as f:
-                    subprocess.run(cmd, check=True, stdout=f, stderr=subprocess.STDOUT, timeout=20 * seconds + 300,
-                                   env={**os.environ, "RAY_AUTH_MODE": "token"})
-                s = json.loads((run_dir / "summary.json").read_text())
+
+                def train(cmd=cmd, name=name, run_dir=run_dir):
+                    with open(out / "runs" / f"{name}{tag}.log", "w") as f:
+                        subprocess.run(cmd, check=True, stdout=f, stderr=subprocess.STDOUT,
+                                       timeout=20 * seconds + 300, env={**os.environ, "RAY_AUTH_MODE": "token"})
+                    return json.loads((run_dir / "summary.json").read_text())
+
+                s, probe = probed(settings, train)
                 log(f"validate: {name}: {s['examples_per_s']:,.0f} examples/s, staleness {s.get('staleness_mean')} "
-                    f"({time.monotonic() - t:.0f} s with start-up)")
+                    f"({time.monotonic() - t:.0f} s with start-up; a step {probe * 1e3:.1f} ms)")
                 records.append({"name": name, "settings": settings,
                                 "machines": {"nodes": 4, "cores_per_node": 1, "shared_cores": os.cpu_count() or 1,
                                              "shard_nodes": 2, "bandwidth": parse_bandwidth(bandwidth)},
                                 "examples_per_s": s["examples_per_s"], "staleness_mean": s.get("staleness_mean"),
-                                "source": _keep_summary(out, name + tag)})
+                                "step_probe_s": probe, "source": _keep_summary(out, name + tag)})
         finally:
             netcluster.down(c.name, log=log)
     return records
@@ -188,26 +241,41 @@ def kendall_tau(a: list[float], b: list[float]) -> float:
     return s / (n * (n - 1) / 2)
 
 
-def predict_record(rec: dict, costs: Costs, steps: int = 60) -> dict:
+def speed_factor(rec: dict, costs: Costs) -> float:
+    """How much slower this machine ran the record's step at the time of its run (``step_probe_s``) than the
+    calibration says it does: 1 for a record without a probe."""
+    from distbelief.simulate.downpour import compute_seconds
+
+    probe = rec.get("step_probe_s")
+    if not probe:
+        return 1.0
+    return probe / compute_seconds(Workload.from_config(config_from(rec["settings"])), costs)
+
+
+def predict_record(rec: dict, costs: Costs, steps: int = 60, speed: bool = True) -> dict:
+    """The simulator's prediction for a record: with ``costs`` scaled by the machine's speed at the time of the
+    run (``speed_factor``), or as calibrated (``speed=False``)."""
     cfg = config_from(rec["settings"])
     work = Workload.from_config(cfg)
     m = Machines(**rec["machines"])
-    p = simulate(work, m, costs, steps=steps)
-    return {"examples_per_s": p.examples_per_s, "staleness_mean": p.staleness_mean, "bottleneck": p.bottleneck}
+    factor = speed_factor(rec, costs) if speed else 1.0
+    p = simulate(work, m, costs.scaled(factor) if factor != 1.0 else costs, steps=steps)
+    return {"examples_per_s": p.examples_per_s, "staleness_mean": p.staleness_mean, "bottleneck": p.bottleneck,
+            "speed": factor}
 
 
-def compare(records: list[dict], costs: Costs, steps: int = 60) -> dict:
-    """Every record predicted, and the errors."""
+def compare(records: list[dict], costs: Costs, steps: int = 60, speed: bool = True) -> dict:
+    """Every record predicted (``predict_record``), and the errors."""
     rows = []
     for rec in records:
-        pred = predict_record(rec, costs, steps)
+        pred = predict_record(rec, costs, steps, speed)
         err = pred["examples_per_s"] / rec["examples_per_s"] - 1
         ms, ps = rec.get("staleness_mean"), pred["staleness_mean"]
         rows.append({"name": rec["name"], "measured_examples_per_s": rec["examples_per_s"],
                      "predicted_examples_per_s": pred["examples_per_s"], "error": err,
                      "measured_staleness": ms, "predicted_staleness": ps,
                      "staleness_error": (ps - ms) if ms is not None and not math.isnan(ps) else None,
-                     "bottleneck": pred["bottleneck"], "source": rec.get("source", "")})
+                     "bottleneck": pred["bottleneck"], "speed": pred["speed"], "source": rec.get("source", "")})
     errs = [abs(r["error"]) for r in rows]
     st = [abs(r["staleness_error"]) for r in rows if r["staleness_error"] is not None]
     tau = (kendall_tau([r["measured_examples_per_s"] for r in rows], [r["predicted_examples_per_s"] for r in rows])
@@ -215,20 +283,23 @@ def compare(records: list[dict], costs: Costs, steps: int = 60) -> dict:
     return {"rows": rows, "mean_error": sum(errs) / len(errs), "max_error": max(errs),
             "staleness_mean_abs_error": sum(st) / len(st) if st else None,
             "staleness_max_abs_error": max(st) if st else None, "kendall_tau": tau, "configurations": len(rows),
-            "costs": {"machine": costs.machine, "date": costs.date}}
+            "speed_scaled": speed, "costs": {"machine": costs.machine, "date": costs.date}}
 
 
 def format_comparison(c: dict) -> str:
     lines = [f"{'configuration':44s} {'measured':>10} {'predicted':>10} {'error':>7}   {'staleness meas/pred':>20}"
-             f"  bottleneck (predicted)"]
+             f"  {'speed':>5}  bottleneck (predicted)"]
     for r in c["rows"]:
         ms = "-" if r["measured_staleness"] is None else f"{r['measured_staleness']:.2f}"
         ps = "-" if r["predicted_staleness"] is None or math.isnan(r["predicted_staleness"]) else \
             f"{r['predicted_staleness']:.2f}"
         lines.append(f"{r['name']:44s} {r['measured_examples_per_s']:>10,.0f} {r['predicted_examples_per_s']:>10,.0f} "
-                     f"{r['error']:>+7.1%}   {ms + ' / ' + ps:>20}  {r['bottleneck']}")
+                     f"{r['error']:>+7.1%}   {ms + ' / ' + ps:>20}  {r.get('speed', 1.0):>5.2f}  {r['bottleneck']}")
     lines.append(f"examples/s: mean error {c['mean_error']:.1%}, max {c['max_error']:.1%} over {c['configurations']} "
                  f"configurations; Kendall tau {c['kendall_tau']:.3f}")
+    if any(r.get("speed", 1.0) != 1.0 for r in c["rows"]):
+        lines.append("speed: the run's step, timed just before and after it, over the calibration's (every CPU cost "
+                     "scaled by it)")
     if c["staleness_mean_abs_error"] is not None:
         lines.append(f"staleness: mean error {c['staleness_mean_abs_error']:.2f} updates, max "
                      f"{c['staleness_max_abs_error']:.2f}")
@@ -270,7 +341,12 @@ def validate_command(args) -> int:
         raise ConfigError("validate", "needs measurements: --run (the one-node configurations, now) and/or "
                                       "--measured DIR (a measured.json or a shaped-links results.json)")
     c = compare(records, costs)
+    raw = compare(records, costs, speed=False)
+    c["unscaled"] = {k: raw[k] for k in ("mean_error", "max_error", "kendall_tau")}
     print(format_comparison(c))
+    if any(r["speed"] != 1.0 for r in c["rows"]):
+        print(f"with the calibration as it is (no speed probes): mean error {raw['mean_error']:.1%}, max "
+              f"{raw['max_error']:.1%}; Kendall tau {raw['kendall_tau']:.3f}")
     if args.json:
         Path(args.json).write_text(json.dumps(c, indent=1) + "\n")
         print(f"wrote {args.json}")

@@ -120,7 +120,7 @@ def test_a_sparse_push_steps_only_its_values_as_the_dense_step_would():
         dense.push(1, push, 0, dense.version, 8)
     touched = torch.zeros(N, dtype=torch.bool)
     for push in topk_pushes(5):
-        touched[push.parts[0][0].long()] = True
+        touched[torch.as_tensor(push.parts[0][0]).long()] = True
     w_s, w_d = sparse.vectors["params"], dense.vectors["params"]
     assert torch.equal(w_s[~touched], w_d[~touched])
     torch.testing.assert_close(w_s[touched], w_d[touched], rtol=1e-6, atol=0)

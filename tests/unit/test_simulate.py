@@ -28,7 +28,8 @@ def free_costs(**changes) -> Costs:
                  thread_efficiency=0.0, compute_cv=0.0, update_s_per_value={"sgd": 0.0, "adagrad": 0.0},
                  call_s=0.0, copy_bytes_per_s=1e30, objstore_call_s=0.0, objstore_bytes_per_s=1e30,
                  objstore_cpu_s_per_byte=0.0, link_efficiency=1.0, link_object_s=0.0, delta_s_per_value=0.0,
-                 stream_cpu_s_per_byte=0.0,
+                 stream_cpu_s_per_byte=0.0, call_cpu_s=0.0, local_object_cpu_s=0.0, local_object_cpu_s_per_byte=0.0,
+                 sparse_push_s_per_value=0.0, delta_log_s_per_value=0.0,
                  encode_s_per_value={}, decode_s_per_value={})
     return dataclasses.replace(base, **changes)
 
