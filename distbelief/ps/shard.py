@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from distbelief.compression.wire import Fetched, dense_push, sparse_push
-from distbelief.ps.arrays import PARAMS, all_finite, as_tensor
+from distbelief.ps.arrays import PARAMS, Placed, all_finite, as_tensor
 from distbelief.ps.durability import Durability, DurableShard, SnapshotWriter
 from distbelief.ps.memory import process_memory, tensor_bytes
 from distbelief.ps.replication import ReplicatedShard
@@ -408,6 +408,7 @@ class ParameterShard(DurableShard, ReplicatedShard, VectorAlgebra, ShardTables):
 
     def apply_mean(self, *grads) -> int:
         """Synchronous data parallelism: average full-vector gradients, apply one update. Returns the version.
+        A gradient may come as a ``Placed`` range of one (the runtime's parts: only this shard's range travels).
 
         With embedding tables each gradient is ``(vector, rows)``, ``rows`` this shard's rows of it as a push
         carries them (ps/tables.py): the mean's rows are the union of the gradients' rows, each summed over the
@@ -422,7 +423,11 @@ class ParameterShard(DurableShard, ReplicatedShard, VectorAlgebra, ShardTables):
         acc, accepted, taken = None, 0, []
         for grad in grads:
             grad, rows = grad if isinstance(grad, tuple) else (grad, None)
-            grad, offset, wire = dense_push(grad, 0, self.lo, self.hi)  # a compressed part: its range, decoded
+            if isinstance(grad, Placed):  # a range of the gradient (the runtime's parts): ours, if it covers it
+                part = grad.range_of(self.lo, self.hi)
+                grad, offset, wire = (part if part is not None else grad.values[:0]), self.lo, None
+            else:
+                grad, offset, wire = dense_push(grad, 0, self.lo, self.hi)  # a compressed part: its range, decoded
             g = as_tensor(grad)[self.lo - offset : self.hi - offset]
             if g.numel() == self.hi - self.lo:
                 self.bytes_pushed += g.numel() * g.element_size() if wire is None else wire

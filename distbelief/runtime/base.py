@@ -104,23 +104,26 @@ class _WholeSplit(SplitFuture):
         return self._value[k]
 
 
-def at_offset(part, lo: int, total: int) -> np.ndarray:
-    """``part`` placed at flat offset ``lo`` of an otherwise-zero float32 vector of length ``total``.
+def at_offset(part, lo: int, total: int):
+    """``part`` placed at flat offset ``lo`` of an otherwise-zero float32 vector of length ``total``: a ``Placed``
+    (ps/arrays.py), which holds only the part.
 
     Why: ``ParameterShard.apply_mean`` takes full-length gradients and reads its own range of each; a gradient split
     per shard carries only that range over the wire, so it is put back in place where the shard lives.
 
     A part ``(values, rows)`` (a model with embedding tables: the shard's rows of the gradient ride with its range,
-    downpour/replica.py ``sync_step``) becomes ``(vector, rows)``, the rows passed on as they are. An encoded part
+    downpour/replica.py ``sync_step``) becomes ``(placed, rows)``, the rows passed on as they are. An encoded part
     (a compressed push, distbelief/compression: it knows its own range and decodes itself) passes as it is."""
+    from distbelief.ps.arrays import Placed
+
     if hasattr(part, "decode"):
         return part
     if isinstance(part, tuple):
         return at_offset(part[0], lo, total), part[1]
-    full = np.zeros(total, dtype=np.float32)  # calloc'd: pages outside the part are not touched
     part = np.asarray(part, dtype=np.float32).reshape(-1)
-    full[lo: lo + part.size] = part
-    return full
+    if lo < 0 or lo + part.size > total:
+        raise ValueError(f"a part of {part.size} values at offset {lo} does not fit a vector of {total}")
+    return Placed(part, lo)
 
 
 class Role:

@@ -134,7 +134,7 @@ def test_apply_mean_averages_the_union_of_rows_and_leaves_every_other_row_bit_fo
     assert not torch.equal(tab.weight[ids], w0[ids])
     # the dense range: the mean of the two ranges, one Adagrad step
     lo, hi = s.range(1)
-    d = (torch.from_numpy(ga[0][lo:hi]) + torch.from_numpy(gb[0][lo:hi])) / 2
+    d = (torch.from_numpy(ga[0].range_of(lo, hi)) + torch.from_numpy(gb[0].range_of(lo, hi))) / 2
     want = p0.clone()
     make_rule("adagrad", lr=0.1).apply(want, d, {"sum_sq": torch.zeros_like(want)})
     assert torch.equal(shard.vectors["params"], want)
