@@ -83,12 +83,12 @@ class _Producer:
 
 
 def fetch_times(producer, sizes: Sequence[int], count: int, cpu: Callable[[], float] = lambda: 0.0
-                ) -> tuple[list[tuple[int, float]], float, float]:
+                ) -> tuple[list[tuple[int, float]], list[dict[str, float]]]:
     """``(bytes, seconds)`` of each ``ray.get`` by this process of an object that ``producer`` (an actor on
     another node) put, ``count`` objects of each of ``sizes`` (of a large size, only as many as fill 256 MiB);
-    and, over the gets of the largest size, what ``cpu()`` (CPU seconds so far) grew by and the wall seconds
-    they took."""
-    points, spent, wall = [], 0.0, 0.0
+    and, per size, what ``cpu()`` (CPU seconds so far) grew by over its gets, their wall seconds and count
+    (``{"bytes", "objects", "cpu_s", "wall_s"}``)."""
+    points, spent = [], []
     for nbytes in sizes:
         # made and sealed there before any timing; at most 256 MiB at once (the probes' stores hold 512 MiB)
         refs = ray.get(producer.put.remote(nbytes, max(2, min(count, 2**28 // nbytes))))
@@ -98,10 +98,10 @@ def fetch_times(producer, sizes: Sequence[int], count: int, cpu: Callable[[], fl
             value = ray.get(ref)
             points.append((value.nbytes, time.perf_counter() - t))
             del value
-        if nbytes == max(sizes):
-            spent, wall = cpu() - cpu0, time.perf_counter() - t0
+        spent.append({"bytes": nbytes // 4 * 4, "objects": len(refs), "cpu_s": cpu() - cpu0,
+                      "wall_s": time.perf_counter() - t0})
         del refs
-    return points, spent, wall
+    return points, spent
 
 
 def objstore_fetches(sizes: Sequence[int], count: int, warmup: int, settle: Callable[[], Any],
@@ -109,8 +109,8 @@ def objstore_fetches(sizes: Sequence[int], count: int, warmup: int, settle: Call
     """Ray's object store between two raylets (a fake two-node cluster on this machine, no link limit): the
     driver, on the head node, fetches ``count`` objects of each of ``sizes`` that an actor on the other node
     put. Also the CPU seconds (``cpu_seconds(pids)``) that the two raylets (each runs its node's object manager
-    and store), the driver and the actor spent during the largest objects' fetches, and what they spend idle
-    in as long (measured just before)."""
+    and store), the driver and the actor spent during each size's fetches, and what they spend idle per second
+    (measured just before)."""
     from distbelief.runtime.local_cluster import fake_cluster
     from distbelief.runtime.ray_runtime import connect
 
@@ -134,12 +134,11 @@ def objstore_fetches(sizes: Sequence[int], count: int, warmup: int, settle: Call
         idle0, t0 = cpu_seconds(pids), time.perf_counter()
         time.sleep(0.5)
         idle_per_s = (cpu_seconds(pids) - idle0) / (time.perf_counter() - t0)
-        points, spent, wall = fetch_times(producer, sizes, count, lambda: cpu_seconds(pids))
+        points, spent = fetch_times(producer, sizes, count, lambda: cpu_seconds(pids))
     finally:
         ray.shutdown()
         cluster.shutdown()
-    return {"points": points, "cpu_s": spent, "wall_s": wall, "idle_cpu_per_s": idle_per_s,
-            "waited_quiet_s": waited}
+    return {"points": points, "cpu": spent, "idle_cpu_per_s": idle_per_s, "waited_quiet_s": waited}
 
 
 _LINK_PROBE = """
@@ -185,3 +184,57 @@ def link_fetches(sizes: Sequence[int], count: int, bandwidth: str, name: str, su
     if r.returncode != 0:
         raise RuntimeError(f"the link probe failed (status {r.returncode}): {r.stderr.strip()[-2000:]}")
     return [tuple(p) for p in json.loads(r.stdout.strip().splitlines()[-1])], c.bandwidth_bps
+
+
+def stream_cpu(values: int, count: int, timeout_s: float = 60.0) -> dict[str, float]:
+    """A replica's stream to a shard (runtime/streams.py), both ends in this process over loopback: ``count``
+    pushes of ``values`` float32 values, each taken by the shard's end, then ``count`` fetch answers the other
+    way. Returns the CPU seconds this process spent per byte moved (both ends' work together: gloo's TCP pairs,
+    the copies each end makes) and the bytes per second."""
+    import resource
+    import threading
+
+    from distbelief.runtime import streams
+
+    host = "127.0.0.1"
+    port = streams.free_port(host)
+    store = streams.open_store(host, port, True, timeout_s)
+    ends: dict[str, Any] = {}
+
+    def shard_side():
+        joined = streams.open_store(host, port, False, timeout_s)
+        ends["shard"] = streams.ShardEnd(streams.open_pair(joined, "calibrate", 1, host, timeout_s,
+                                                           streams.FOREVER), values, "calibrate", joined)
+
+    t = threading.Thread(target=shard_side, daemon=True)
+    t.start()
+    replica = streams.ReplicaEnd(streams.open_pair(store, "calibrate", 0, host, timeout_s), values, "calibrate")
+    t.join(timeout_s)
+    shard = ends["shard"]
+
+    def cpu() -> float:
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime
+
+    try:
+        v = np.ones(values, np.float32)
+        for i in range(2):  # warm-up: the connection and the buffers
+            index, work = replica.push(v)
+            streams.wait(work, time.monotonic() + timeout_s, "push")
+            shard.take_push(index, timeout_s)
+            shard.applied(index)
+        cpu0, t0 = cpu(), time.perf_counter()
+        for _ in range(count):
+            index, work = replica.push(v)
+            streams.wait(work, time.monotonic() + timeout_s, "push")
+            shard.take_push(index, timeout_s)
+            shard.applied(index)
+        for _ in range(count):
+            index, work, _buf = replica.fetch()
+            shard.send_fetch(index, v, timeout_s)
+            streams.wait(work, time.monotonic() + timeout_s, "fetch")
+        moved = 2 * count * values * 4
+        return {"cpu_s_per_byte": (cpu() - cpu0) / moved, "bytes_per_s": moved / (time.perf_counter() - t0)}
+    finally:
+        shard.close()
+        replica.close()

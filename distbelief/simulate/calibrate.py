@@ -14,6 +14,7 @@
 - the same shard under top-k pushes from two replicas in turn, each push followed by that replica's delta fetch
   (``measure_sparse``): per value a push carries, and per value a fetch answers from the shard's change log;
 - one copy of a large float32 buffer (what the shared-memory plane does to a push or a fetch);
+- a replica's gloo stream to a shard, both ends in this process over loopback: the CPU per byte each end spends;
 - every compression scheme on the Fig. 4 model's gradient in two shard ranges: the replica's compression with
   error feedback (``ErrorFeedback.compress``) and the shards' decode, per value;
 - Ray actor calls with a tiny argument and a tiny or large reply (the runtime's ``RoleActor.call``, on a local
@@ -555,7 +556,7 @@ def measure_sparse(rep: Effort, log: Log, before: Callable[[], Any] | None = Non
         if i >= 2 * rep.warmup:
             push_s.append(t1 - t)
             fetch_s.append(t2 - t1)
-            carried.append(parts[0][0].numel())
+            carried.append(parts[0][0].size)
             answered.append(answer.idx.size)
     per_carried = statistics.median(s / k for s, k in zip(push_s, carried))
     per_answered = statistics.median(s / k for s, k in zip(fetch_s, answered))
@@ -577,6 +578,18 @@ def measure_copy(rep: Effort, log: Log, before: Callable[[], Any] | None = None)
     log(f"copy: {COPY_BYTES / 2**20:.0f} MiB in {seconds * 1e3:.2f} ms = {COPY_BYTES / seconds / 1e9:.2f} "
         f"GB/s")
     return seconds
+
+
+def measure_streams(rep: Effort, log: Log) -> dict[str, float]:
+    """A replica's gloo stream to a shard (runtime/probes.py ``stream_cpu``: the product's two ends in this
+    process over loopback, a shard's range each way): ``stream_cpu_s_per_byte`` is half the CPU per byte of both
+    ends together, what each end costs its node."""
+    from distbelief.runtime.probes import stream_cpu
+
+    r = stream_cpu(rep.shard_values, 2 * rep.shard)
+    log(f"stream: {r['bytes_per_s'] / 1e9:.2f} GB/s over loopback, {r['cpu_s_per_byte'] * 1e9:.2f} ns of CPU per byte "
+        f"for both ends")
+    return r
 
 
 # -------------------------------------------------------------------------------------------- compression
@@ -663,24 +676,26 @@ def _median_by_size(points: Sequence[Sequence[float]]) -> list[tuple[int, float]
 
 def measure_objstore(rep: Effort, background: float, log: Log) -> dict[str, Any]:
     """Ray's object store between two raylets (runtime/probes.py ``objstore_fetches``): ``call_s`` and
-    ``bytes_per_s`` fitted to the median time of each size; ``cpu_s_per_byte``: the CPU that the two raylets,
-    the driver and the actor spent during the largest objects' fetches, less what they spend idle in as long,
-    per byte moved: both ends' work together."""
+    ``bytes_per_s`` fitted to the median time of each size; ``cpu_s`` and ``cpu_s_per_byte`` fitted to the CPU
+    per object of each size that the two raylets, the driver and the actor spent during the fetches, less what
+    they spend idle in as long: both ends' work together, per object and per byte."""
     from distbelief.runtime.probes import objstore_fetches
 
     r = objstore_fetches(OBJSTORE_SIZES, rep.objects, rep.warmup, lambda: wait_quiet(background),
                          process_cpu_seconds)
     medians = _median_by_size(r["points"])
     call_s, rate = fit_transfers(medians)
-    moved = max(OBJSTORE_SIZES) // 4 * 4 * rep.objects
-    busy = max(0.0, r["cpu_s"] - r["idle_cpu_per_s"] * r["wall_s"])
-    for b, s in medians:
-        log(f"object store fetch {b / 1e6:.2f} MB: {s * 1e3:.2f} ms")
-    log(f"object store: {call_s * 1e3:.2f} ms per object + {rate / 1e9:.3f} GB/s; CPU {busy:.2f} s for "
-        f"{moved / 1e6:.0f} MB = {busy / moved * 1e9:.3f} ns/byte")
-    return {"call_s": call_s, "bytes_per_s": rate, "cpu_s_per_byte": busy / moved, "medians": medians,
-            "cpu": {"cpu_s": r["cpu_s"], "wall_s": r["wall_s"], "idle_cpu_per_s": r["idle_cpu_per_s"],
-                    "bytes": moved, "waited_quiet_s": r["waited_quiet_s"]}}
+    per_object = [(c["bytes"], max(1e-9, (c["cpu_s"] - r["idle_cpu_per_s"] * c["wall_s"]) / c["objects"]))
+                  for c in r["cpu"]]
+    cpu_s, cpu_rate = fit_transfers(per_object)
+    for (b, s), (_, c) in zip(medians, per_object):
+        log(f"object store fetch {b / 1e6:.2f} MB: {s * 1e3:.2f} ms, {c * 1e3:.2f} ms of CPU")
+    log(f"object store: {call_s * 1e3:.2f} ms per object + {rate / 1e9:.3f} GB/s; CPU {cpu_s * 1e3:.2f} ms per "
+        f"object + {1e9 / cpu_rate:.3f} ns/byte")
+    return {"call_s": call_s, "bytes_per_s": rate, "cpu_s": cpu_s, "cpu_s_per_byte": 1.0 / cpu_rate,
+            "medians": medians,
+            "cpu": {"per_object": per_object, "idle_cpu_per_s": r["idle_cpu_per_s"],
+                    "waited_quiet_s": r["waited_quiet_s"]}}
 
 
 # ------------------------------------------------------------------------------------------- shaped links
@@ -780,6 +795,7 @@ def calibrate(path: str | Path | None = None, *, links: bool = False, quick: boo
         delta = measure_delta(rep, log, evict)
         sparse_push, delta_log, sparse = measure_sparse(rep, log, evict)
         copy = measure_copy(rep, log, evict)
+        stream = measure_streams(rep, log)
         encode, decode, codec_values = measure_codecs(rep, log, evict)
     finally:
         torch.set_num_threads(threads)
@@ -795,10 +811,12 @@ def calibrate(path: str | Path | None = None, *, links: bool = False, quick: boo
         contention=sharing["contention"] if sharing else 1.0,
         copy_bytes_per_s=COPY_BYTES / copy, objstore_call_s=objstore["call_s"],
         objstore_bytes_per_s=objstore["bytes_per_s"], objstore_cpu_s_per_byte=objstore["cpu_s_per_byte"],
+        objstore_cpu_s=objstore["cpu_s"],
         link_object_s=objstore["call_s"],  # (the shaped link's own, with links=True)
         encode_s_per_value={k: s / codec_values for k, s in encode.items()},
         decode_s_per_value={k: s / codec_values for k, s in decode.items()}, delta_s_per_value=delta / n,
-        sparse_push_s_per_value=sparse_push, delta_log_s_per_value=delta_log)
+        sparse_push_s_per_value=sparse_push, delta_log_s_per_value=delta_log,
+        stream_cpu_s_per_byte=stream["cpu_s_per_byte"] / 2)
     measurements: dict[str, Any] = {
         "steps": steps_record,
         "threads": scaling,  # None: one core, thread_efficiency is the default
@@ -806,6 +824,7 @@ def calibrate(path: str | Path | None = None, *, links: bool = False, quick: boo
         "shard_values": n, "update_s": updates, "delta_s": delta, "delta_changed": DELTA_CHANGED,
         "sparse": sparse,
         "copy": {"bytes": COPY_BYTES, "seconds": copy},
+        "stream": stream,
         "codec_values": codec_values, "compress_s": encode, "decode_s": decode,
         "call": call["record"],
         "objstore": _sized(objstore["medians"], objstore["call_s"], objstore["bytes_per_s"]),

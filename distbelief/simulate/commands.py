@@ -137,7 +137,8 @@ def run_config_from(args) -> RunConfig:
 
 
 # Options of simulate and plan that are not run settings: an error about one names it as the flag typed.
-OWN_FLAGS = {"repeats", "paper_scale", "nodes", "cores_per_node", "bandwidth", "latency_ms", "shared_cores", "shard_nodes", "costs",
+OWN_FLAGS = {"repeats", "paper_scale", "nodes", "cores_per_node", "bandwidth", "latency_ms", "shared_cores",
+             "shard_nodes", "costs",
              "stragglers", "steps", "top", "measured", "validate", "model", "task", "num_classes", "batch_size",
              "out"}
 

@@ -27,7 +27,8 @@ How the simulator uses them:
   ``objstore_bytes_per_s`` (the object manager's own rate, measured with no link limit) and the link's rate times
   ``link_efficiency``; the fixed cost is ``objstore_call_s`` on an unlimited link (loopback) and
   ``link_object_s`` on a rate-limited one (the pull protocol's round trips wait in the link's queue); the
-  object manager's work is CPU on both nodes (``objstore_cpu_s_per_byte``);
+  object manager's work is CPU on both nodes (``objstore_cpu_s`` per object, half on each node, and
+  ``objstore_cpu_s_per_byte``);
 - compression: ``encode_s_per_value[scheme]`` on the replica, ``decode_s_per_value[scheme]`` on the shard, and
   ``delta_s_per_value`` for a shard to find the values changed since a replica's last fetch by a scan of its
   range; a top-k push that the shard steps value by value costs ``sparse_push_s_per_value`` per value it carries
@@ -77,11 +78,12 @@ class Costs:
     objstore_call_s: float = 2.0e-3
     objstore_bytes_per_s: float = 1.0e9
     objstore_cpu_s_per_byte: float = 5.0e-10
+    objstore_cpu_s: float = 0.0  # ... and per object (both nodes' object managers, the two ends)
     link_efficiency: float = 0.9
     link_object_s: float = 4.0e-3  # fixed cost of one object over a rate-limited link (replaces objstore_call_s)
     # a replica's stream to a shard across nodes (runtime/streams.py): CPU per byte on each end, gloo over TCP
-    # (1.2-1.6 ns a byte for the whole machine in benchmarks/object_plane.py's gloo patterns, both ends together)
-    stream_cpu_s_per_byte: float = 7.0e-10
+    # (calibrate.py times the product's two ends over loopback: about 0.5 ns a byte for both)
+    stream_cpu_s_per_byte: float = 2.5e-10
     # compression
     encode_s_per_value: dict[str, float] = field(default_factory=lambda: {
         "fp16": 1e-9, "topk": 1e-8, "qsgd": 7e-8, "powersgd": 5e-9})
@@ -121,8 +123,7 @@ class Costs:
                 raise ConfigError("costs", f"{source}: {name} must be > 0, got {getattr(self, name)!r}")
         for name in ("step_s", "example_s", "call_s", "objstore_call_s", "link_object_s", "objstore_cpu_s_per_byte",
                      "stream_cpu_s_per_byte", "delta_s_per_value", "sparse_push_s_per_value", "call_cpu_s",
-                     "local_object_cpu_s", "local_object_cpu_s_per_byte",
-                     "delta_log_s_per_value"):
+                     "objstore_cpu_s", "local_object_cpu_s", "local_object_cpu_s_per_byte", "delta_log_s_per_value"):
             if not getattr(self, name) >= 0:
                 raise ConfigError("costs", f"{source}: {name} must be >= 0, got {getattr(self, name)!r}")
         if not 0 <= self.thread_efficiency <= 1:
@@ -156,7 +157,7 @@ class Costs:
             call_cpu_s=self.call_cpu_s * f, local_object_cpu_s=self.local_object_cpu_s * f,
             local_object_cpu_s_per_byte=self.local_object_cpu_s_per_byte * f,
             copy_bytes_per_s=self.copy_bytes_per_s / f, objstore_bytes_per_s=self.objstore_bytes_per_s / f,
-            objstore_cpu_s_per_byte=self.objstore_cpu_s_per_byte * f,
+            objstore_cpu_s_per_byte=self.objstore_cpu_s_per_byte * f, objstore_cpu_s=self.objstore_cpu_s * f,
             stream_cpu_s_per_byte=self.stream_cpu_s_per_byte * f,
             encode_s_per_value={k: v * f for k, v in self.encode_s_per_value.items()},
             decode_s_per_value={k: v * f for k, v in self.decode_s_per_value.items()},

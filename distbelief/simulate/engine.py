@@ -130,10 +130,12 @@ class World:
                 yield d
                 wire = nbytes / self.rate if not math.isinf(self.rate) else 0.0
                 hold = wire if inline else max(wire, nbytes / c.objstore_bytes_per_s)
-                if not inline and c.objstore_cpu_s_per_byte:
-                    mover = self.env.process(self.cpu(src, nbytes * c.objstore_cpu_s_per_byte))
+                if not inline and (c.objstore_cpu_s_per_byte or c.objstore_cpu_s):
+                    at_src = c.objstore_cpu_s / 2 + nbytes * c.objstore_cpu_s_per_byte
+                    movers = [self.env.process(self.cpu(src, at_src)),
+                              self.env.process(self.cpu(dst, c.objstore_cpu_s / 2))]
                     yield self.env.timeout(hold)
-                    yield mover
+                    yield self.env.all_of(movers)
                 else:
                     yield self.env.timeout(hold)
         for key in ((src, "up"), (dst, "down")):

@@ -65,7 +65,8 @@ class Workload:
             staleness_bound=cfg.staleness_bound, backup_replicas=cfg.backup_replicas,
             rule="sgd" if cfg.strategy == "sandblaster" else cfg.optimizer, compress=cfg.compress,
             compress_ratio=cfg.compress_ratio, compress_bits=cfg.compress_bits, compress_rank=cfg.compress_rank,
-            compress_fetch=cfg.compress_fetch, streams=cfg.streams, lbfgs_batch=cfg.lbfgs_batch, portion_size=cfg.portion_size,
+            compress_fetch=cfg.compress_fetch, streams=cfg.streams, lbfgs_batch=cfg.lbfgs_batch,
+            portion_size=cfg.portion_size,
             push_every_portions=cfg.push_every_portions, history=cfg.history, backup_tasks=cfg.backup_tasks,
             slow=dict(slow or {}))
 
