@@ -137,9 +137,8 @@ class SyncTrainer(ParameterServerTrainer):
         shards at once."""
         def apply_on(k: int) -> Future:
             parts = [g.part(k) for g in grads]
-            # placed in vectors of the shards' dense length (the whole model's without tables)
-            return self.runtime.call_with_parts(self.shards[k], "apply_mean", parts, self.layout.range(k)[0],
-                                                self.layout.total)
+            # each part covers the shard's dense range: applied where it lies in the whole vector
+            return self.runtime.call_with_parts(self.shards[k], "apply_mean", parts, self.layout.range(k)[0])
 
         applying = [apply_on(k) for k in range(self.cfg.shards)]
         for k, f in enumerate(applying):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -36,17 +35,3 @@ def as_tensor(a) -> torch.Tensor:
         return torch.frombuffer(memoryview(arr).cast("B"), dtype=torch.float32) if arr.size else torch.empty(0)
     return torch.from_numpy(arr)
 
-
-@dataclass
-class Placed:
-    """A gradient's range as it travels to the shard that applies it: ``values`` at flat offset ``lo`` of a vector
-    that is zero elsewhere (``ParameterShard.apply_mean`` reads its own range of it). No full-length vector is
-    built: for a Fig. 4 shard that allocation and copy took a third of the shard's time in a sync step."""
-
-    values: np.ndarray
-    lo: int
-
-    def range_of(self, lo: int, hi: int) -> np.ndarray | None:
-        """The values of flat ``[lo, hi)``, or None when this range does not cover it."""
-        a, b = lo - self.lo, hi - self.lo
-        return self.values[a:b] if 0 <= a <= b <= self.values.size else None

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from distbelief.compression.wire import Fetched, dense_push, sparse_push
-from distbelief.ps.arrays import PARAMS, Placed, all_finite, as_tensor
+from distbelief.ps.arrays import PARAMS, all_finite, as_tensor
 from distbelief.ps.durability import Durability, DurableShard, SnapshotWriter
 from distbelief.ps.memory import process_memory, tensor_bytes
 from distbelief.ps.replication import ReplicatedShard
@@ -406,9 +406,10 @@ class ParameterShard(DurableShard, ReplicatedShard, VectorAlgebra, ShardTables):
         self._after_update(0, self.hi - self.lo, int(num_examples), None, session, seq, None, scale)
         return self.version
 
-    def apply_mean(self, *grads) -> int:
-        """Synchronous data parallelism: average full-vector gradients, apply one update. Returns the version.
-        A gradient may come as a ``Placed`` range of one (the runtime's parts: only this shard's range travels).
+    def apply_mean(self, *grads, offset: int = 0) -> int:
+        """Synchronous data parallelism: average gradients, apply one update. Returns the version. Each gradient
+        covers flat ``[offset, offset + its length)``: the whole vector (``offset`` 0), or the range of it that the
+        runtime sent this shard (``Runtime.call_with_parts``: no full-length vector is built for it).
 
         With embedding tables each gradient is ``(vector, rows)``, ``rows`` this shard's rows of it as a push
         carries them (ps/tables.py): the mean's rows are the union of the gradients' rows, each summed over the
@@ -417,18 +418,16 @@ class ParameterShard(DurableShard, ReplicatedShard, VectorAlgebra, ShardTables):
         bit as they were. A gradient with a non-finite value, a range of the wrong length or a row id outside its
         table is refused whole (counted in ``rejected_pushes``) and the mean is over the others."""
         with self.lock:
-            return self._apply_mean(grads)
+            return self._apply_mean(grads, offset)
 
-    def _apply_mean(self, grads) -> int:
+    def _apply_mean(self, grads, base: int) -> int:
         acc, accepted, taken = None, 0, []
         for grad in grads:
             grad, rows = grad if isinstance(grad, tuple) else (grad, None)
-            if isinstance(grad, Placed):  # a range of the gradient (the runtime's parts): ours, if it covers it
-                part = grad.range_of(self.lo, self.hi)
-                grad, offset, wire = (part if part is not None else grad.values[:0]), self.lo, None
-            else:
-                grad, offset, wire = dense_push(grad, 0, self.lo, self.hi)  # a compressed part: its range, decoded
-            g = as_tensor(grad)[self.lo - offset : self.hi - offset]
+            grad, offset, wire = dense_push(grad, base, self.lo, self.hi)  # a compressed part: its range, decoded
+            g = as_tensor(grad)[max(0, self.lo - offset) : max(0, self.hi - offset)]
+            if offset > self.lo:  # starts after our range begins: not ours
+                g = g[:0]
             if g.numel() == self.hi - self.lo:
                 self.bytes_pushed += g.numel() * g.element_size() if wire is None else wire
             if g.numel() != self.hi - self.lo or not all_finite(g) or not self._rows_acceptable(rows):

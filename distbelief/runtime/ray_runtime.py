@@ -23,7 +23,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from distbelief.exceptions import ClusterUnreachableError, ConfigError, RemoteTimeoutError, RoleFailedError
 from distbelief.runtime import forwarded, shm, streams, transports
-from distbelief.runtime.base import Future, Role, Runtime, ShardClient, SplitFuture, _Mapped, at_offset
+from distbelief.runtime.base import Future, Role, Runtime, ShardClient, SplitFuture, _Mapped, part_values
 from distbelief.runtime.clocks import ClockGate
 from distbelief.runtime.partition_ray import create_ray_partition_group, kill_ray_partition
 from distbelief.runtime.transports.backup import BackupLink
@@ -227,12 +227,12 @@ class RoleActor:
             pushed = self.obj.push(*push_args)
             return forwarded.answer(self.obj, (pushed, self.obj.fetch(*fetch_args)))
 
-    def call_placed(self, method: str, lo: int, total: int, *parts):
-        """``method`` with each part placed at flat offset ``lo`` of a full-length vector (Runtime.call_with_parts):
+    def call_placed(self, method: str, lo: int, *parts):
+        """``method(*parts, offset=lo)``, the parts covering flat ``[lo, lo + len)`` (Runtime.call_with_parts):
         only the parts crossed the network."""
         with self._serial:
             self.received += sum(_part_bytes(p) for p in parts)
-            return getattr(self.obj, method)(*[at_offset(p, lo, total) for p in parts])
+            return getattr(self.obj, method)(*[part_values(p) for p in parts], offset=lo)
 
     def received_bytes(self) -> int:
         return self.received
@@ -677,12 +677,12 @@ class RayRuntime(Runtime):
         refs = role.handle.call.options(num_returns=num_parts + 1).remote(method, *args)
         return _RaySplit(list(refs), role.name)
 
-    def call_with_parts(self, role: Role, method: str, parts: list, lo: int, total: int) -> Future:
+    def call_with_parts(self, role: Role, method: str, parts: list, lo: int) -> Future:
         # ``parts`` are object references, resolved by Ray for the receiving actor: a part larger than
         # max_direct_call_object_size (SYSTEM_CONFIG) is fetched from the node that made it; a smaller one was
         # returned inline to its owner (the driver's Ray core worker, never deserialised there) and travels
         # inline with this call, which for small messages is cheaper than a transfer of its own.
-        return _RayFuture(role.handle.call_placed.remote(method, lo, total, *parts), role.name)
+        return _RayFuture(role.handle.call_placed.remote(method, lo, *parts), role.name)
 
     def bytes_received(self, role: Role, timeout_s: float = 30.0) -> int:
         """Bytes of array arguments that reached ``role``'s process so far (placement and traffic checks)."""

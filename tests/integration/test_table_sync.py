@@ -18,7 +18,6 @@ from distbelief.data.batches import BatchSource, replica_indices
 from distbelief.exceptions import ConfigError
 from distbelief.ps.rules import make_rule
 from distbelief.ps.sharding import flatten
-from distbelief.runtime.base import at_offset
 from distbelief.testing import Faults
 from tests.unit.test_sparse_tables import BATCH, ROWS, SEED, DeclaredCTR, TinyCTR, _table_shard, ctr_data
 
@@ -90,14 +89,16 @@ def test_the_oracle_tells_the_mean_from_other_updates():
 
 # ---------------------------------------------------------------------------------------------- the shard
 def _parts(s, shard, *rows_per_replica, seed=0):
-    """Full-length gradients for ``shard`` as the runtime places them: a random dense range, and the given
+    """Full-length gradients for ``shard``: a random dense range (zeros elsewhere), and the given
     rows (``(local_ids, values)`` of row group 0) of each replica."""
     g = torch.Generator().manual_seed(seed)
     lo, hi = s.range(shard.shard_id)
     out = []
     for rows in rows_per_replica:
         dense = torch.randn(hi - lo, generator=g).numpy()
-        out.append(at_offset((dense, [rows]), lo, s.total))
+        full = np.zeros(s.total, dtype=np.float32)
+        full[lo:hi] = dense
+        out.append((full, [rows]))
     return out
 
 
@@ -134,7 +135,7 @@ def test_apply_mean_averages_the_union_of_rows_and_leaves_every_other_row_bit_fo
     assert not torch.equal(tab.weight[ids], w0[ids])
     # the dense range: the mean of the two ranges, one Adagrad step
     lo, hi = s.range(1)
-    d = (torch.from_numpy(ga[0].range_of(lo, hi)) + torch.from_numpy(gb[0].range_of(lo, hi))) / 2
+    d = (torch.from_numpy(ga[0][lo:hi]) + torch.from_numpy(gb[0][lo:hi])) / 2
     want = p0.clone()
     make_rule("adagrad", lr=0.1).apply(want, d, {"sum_sq": torch.zeros_like(want)})
     assert torch.equal(shard.vectors["params"], want)

@@ -54,6 +54,20 @@ def test_sync_apply_mean_counts_each_gradient_slice():
     assert s.bytes_pushed == 4 * (4 + 2) * M
 
 
+def test_sync_apply_mean_of_ranges_at_their_offset_is_the_mean_of_the_whole_vectors():
+    """The runtime sends each shard only its range of every gradient (``offset``): the same update, the same bytes,
+    as the full-length vectors; a range that does not cover the shard's is refused."""
+    rng = np.random.default_rng(0)
+    grads = [rng.standard_normal(TOTAL).astype(np.float32) for _ in range(3)]
+    whole, ranged = make_shard(), make_shard()
+    whole.apply_mean(*grads)
+    ranged.apply_mean(*[g[LO:HI] for g in grads], offset=LO)
+    assert np.array_equal(whole.fetch(0)[0], ranged.fetch(0)[0]) and whole.bytes_pushed == ranged.bytes_pushed
+    ranged.apply_mean(grads[0][LO + 1:HI], offset=LO + 1)  # starts inside our range
+    ranged.apply_mean(grads[0][LO - 1:HI - 1], offset=LO - 1)  # ends before ours does
+    assert ranged.rejected_pushes == 2 and ranged.version == 1
+
+
 def test_fetches_count_the_bytes_served():
     s = make_shard()
     for _ in range(5):
