@@ -74,10 +74,11 @@ COPY_BYTES = 32 * 2**20
 OBJSTORE_SIZES = (200_000, 2**20, 8 * 2**20)
 # Replies of Ray actor calls on one node through its object store: a top-k part's size and a Fig. 4 shard's
 CALL_SIZES = (240_000, 4 * 2**20)
-# Up to 64 MiB, so that the fitted rate covers parts as large as a big model's (the paper model's are 84 MB). One
-# object at a time, one way, a 64 MiB one crosses a 1 Gbit/s link at about 0.94 Gbit/s; that such parts wait
-# longer in a run is the object plane's doing when a node sends and receives at once (simulate/engine.py).
-LINK_SIZES = (4 * 2**20, 8 * 2**20, 64 * 2**20)
+# From 1 MiB (a Fig. 4 shard's float16 answer) up to 64 MiB, so that the fitted rate covers parts as large as a
+# big model's (the paper model's are 84 MB). One object at a time, one way, a 64 MiB one crosses a 1 Gbit/s link
+# at about 0.94 Gbit/s; that such parts wait longer in a run is the object plane's doing when a node sends and
+# receives at once (simulate/engine.py).
+LINK_SIZES = (2**20, 4 * 2**20, 8 * 2**20, 64 * 2**20)
 LINK_BANDWIDTH = "1gbit"
 LINK_CLUSTER = ("dbcal", "10.78.0")  # name and subnet of the shaped cluster: never a user's (dbnet, 10.77.0)
 DELTA_CHANGED = 0.01  # share of a delta fetch's range changed since the fetch it answers (top-k's default)

@@ -143,26 +143,30 @@ class Costs:
             if not self.update_s_per_value.get(rule, -1) >= 0:
                 raise ConfigError("costs", f"{source}: update_s_per_value[{rule!r}] must be >= 0")
 
-    def scaled(self, factor: float) -> "Costs":
-        """These costs on a machine ``factor`` times slower at everything its CPUs do (compute, shard work,
-        copies, codecs, Ray's calls and object store): what ``simulate --validate`` predicts a run with when
-        its own timing of the run's step, just before and after the run, says the machine's speed moved since the
-        calibration. Links and their fixed costs stay as they are."""
+    def scaled(self, factor: float, memory: float | None = None) -> "Costs":
+        """These costs on a machine ``factor`` times slower at computing (the replicas' steps, the codecs'
+        encodes, Ray's calls: fixed costs) and ``memory`` times slower (``factor`` when None) at the work that
+        streams through memory (the shards' updates and reads per value, the decodes, copies and transfers per
+        byte): what ``simulate --validate`` predicts a run with when its own timings of a step and of a shard's
+        push, just before and after the run, say the machine's speed moved since the calibration. Links and their
+        fixed costs stay as they are."""
         f = float(factor)
+        m = f if memory is None else float(memory)
         return dataclasses.replace(
             self, macs_per_s={k: v / f for k, v in self.macs_per_s.items()}, step_s=self.step_s * f,
             example_s=self.example_s * f,
-            step_measured={m: {b: t * f for b, t in by.items()} for m, by in self.step_measured.items()},
-            update_s_per_value={k: v * f for k, v in self.update_s_per_value.items()}, call_s=self.call_s * f,
-            call_cpu_s=self.call_cpu_s * f, local_object_cpu_s=self.local_object_cpu_s * f,
-            local_object_cpu_s_per_byte=self.local_object_cpu_s_per_byte * f,
-            copy_bytes_per_s=self.copy_bytes_per_s / f, objstore_bytes_per_s=self.objstore_bytes_per_s / f,
-            objstore_cpu_s_per_byte=self.objstore_cpu_s_per_byte * f, objstore_cpu_s=self.objstore_cpu_s * f,
-            stream_cpu_s_per_byte=self.stream_cpu_s_per_byte * f,
+            step_measured={k: {b: t * f for b, t in by.items()} for k, by in self.step_measured.items()},
+            call_s=self.call_s * f, call_cpu_s=self.call_cpu_s * f, local_object_cpu_s=self.local_object_cpu_s * f,
+            objstore_cpu_s=self.objstore_cpu_s * f,
             encode_s_per_value={k: v * f for k, v in self.encode_s_per_value.items()},
-            decode_s_per_value={k: v * f for k, v in self.decode_s_per_value.items()},
-            delta_s_per_value=self.delta_s_per_value * f, sparse_push_s_per_value=self.sparse_push_s_per_value * f,
-            delta_log_s_per_value=self.delta_log_s_per_value * f)
+            update_s_per_value={k: v * m for k, v in self.update_s_per_value.items()},
+            local_object_cpu_s_per_byte=self.local_object_cpu_s_per_byte * m,
+            copy_bytes_per_s=self.copy_bytes_per_s / m, objstore_bytes_per_s=self.objstore_bytes_per_s / m,
+            objstore_cpu_s_per_byte=self.objstore_cpu_s_per_byte * m,
+            stream_cpu_s_per_byte=self.stream_cpu_s_per_byte * m,
+            decode_s_per_value={k: v * m for k, v in self.decode_s_per_value.items()},
+            delta_s_per_value=self.delta_s_per_value * m, sparse_push_s_per_value=self.sparse_push_s_per_value * m,
+            delta_log_s_per_value=self.delta_log_s_per_value * m)
 
     def measured_step(self, model: str, params: int, batch: int, fitted: float) -> float | None:
         """Seconds of one step (one thread) of ``model`` with ``params`` parameters at minibatch ``batch`` from

@@ -206,6 +206,8 @@ class DownpourRun:
                 # after sparse pushes the shard reads its log of changed positions, else it scans the range
                 seconds += (c.delta_log_s_per_value * s.sizes[k] * changed if w.sparse_pushes
                             else c.delta_s_per_value * s.sizes[k])
+            if fetch and w.compress_fetch == "fp16":  # the answer made float16 (a conversion: the codec's decode)
+                seconds += c.decode_s_per_value.get("fp16", 0.0) * s.sizes[k]
             if fetch and self.colocated:  # the replica copies the values into its fetch buffer
                 seconds += 4 * s.sizes[k] / c.copy_bytes_per_s
             yield from self.world.cpu(worker_node, seconds)
@@ -234,13 +236,18 @@ class DownpourRun:
         yield self.env.all_of([self.env.process(one(n)) for n in self.groups[r]])
 
     def _down(self, r: int, k: int, nbytes: float):
-        """Shard ``k``'s answer (``nbytes``) travels back to replica ``r``'s partitions and is loaded."""
+        """Shard ``k``'s answer (``nbytes``) travels back to replica ``r``'s partitions and is loaded (copied into
+        the model's parameters; a float16 answer converted)."""
         snode, share = self.shards.nodes[k], nbytes / len(self.groups[r])
 
         def one(node):
             yield from self.world.send(snode, node, share, stream=self.work.streamed_fetches)
             yield from self.world.occupy(node, "down", self.others * share)
-            yield from self.world.copy(node, share * (1 + self.others))
+            if self.work.compress_fetch == "fp16":  # loaded as float32: a conversion per value
+                values = share / 2 * (1 + self.others)
+                yield from self.world.cpu(node, values * self.costs.decode_s_per_value.get("fp16", 0.0))
+            else:
+                yield from self.world.copy(node, share * (1 + self.others))
 
         yield self.env.all_of([self.env.process(one(n)) for n in self.groups[r]])
 

@@ -81,8 +81,8 @@ def image_profile() -> ModelProfile:
 
 def paper_costs(costs: Costs, local_at_dense: bool = True) -> Costs:
     """``costs`` moved to a 2012 machine: every layer kind's rate scaled by the same factor, so that dense layers
-    run at ``DENSE_MACS_PER_CORE`` per core (the measured ratios between kinds are kept), and ``CALL_S`` per
-    message. The other fields (fixed step costs, link efficiency) stay as measured.
+    run at ``DENSE_MACS_PER_CORE`` per core (the measured ratios between kinds are kept; no model's own timed
+    step), and ``CALL_S`` per message. The other fields (fixed step costs, link efficiency) stay as measured.
 
     ``local_at_dense``: locally connected layers at the dense rate too. Ours run a few percent of the dense rate
     (many small matrix products from Python); DistBelief's were written for the image model, and a locally
@@ -92,8 +92,9 @@ def paper_costs(costs: Costs, local_at_dense: bool = True) -> Costs:
     rates = {k: v * scale for k, v in costs.macs_per_s.items()}
     if local_at_dense:
         rates["local"] = rates["dense"]
+    # (the steps timed here are this machine's, not the 2012 server's: every model runs at the scaled rates)
     return dataclasses.replace(costs, machine=f"2012 server scaled from {costs.machine or 'costs'}",
-                               macs_per_s=rates, call_s=CALL_S)
+                               macs_per_s=rates, call_s=CALL_S, call_cpu_s=CALL_S, step_measured={})
 
 
 def paper_machines(nodes: int) -> Machines:

@@ -12,10 +12,12 @@ measured (examples/s, mean staleness). Records come from
   ``benchmarks/shaped_links.py`` (runs on the 4-node shaped cluster of ``distbelief cluster up``: two replica
   nodes, two shard nodes, every link shaped, all nodes on this machine's cores).
 
-This machine's speed moves by a quarter within half an hour (a virtual machine's neighbours), so each run made
-here also times its model's step just before and just after it (``step_probe``), and the prediction for it
-scales every CPU cost of the calibration by that step's time over the calibration's (``Costs.scaled``); the
-report gives the errors without that scaling too.
+This machine's speed moves by a quarter within half an hour (a virtual machine's neighbours), and its memory's
+speed moves apart from its cores' (by up to 1.8 times between two calibrations half an hour apart), so each run
+made here also times its model's step and a shard's push just before and just after it (``step_probe``), and
+the prediction for it scales the calibration's CPU costs by those times over the calibration's
+(``Costs.scaled``: the work that streams through memory by the push's, the rest by the step's); the report gives
+the errors without that scaling too.
 
 Each record is simulated with the same settings on the same machines; the report gives both numbers per run,
 the mean and max relative error of examples/s, the error of the mean staleness (in updates), and Kendall's tau
@@ -70,16 +72,20 @@ SHAPED = {  # name -> (link rate, settings over FIG4_TASK)
 
 
 # ---------------------------------------------------------------------- records
-_PROBES: dict[tuple, tuple] = {}
+_PROBES: dict = {}
+MEMORY_PROBE_VALUES = 2**20  # the calibration's shard size (calibrate.py ``Effort.shard_values``)
 
 
-def step_probe(settings: dict[str, Any], seconds: float = 0.6) -> float:
-    """The median seconds of one step of the model that a run of ``settings`` trains, at its minibatch, with one
-    torch thread, timed here and now (about ``seconds`` of steps, at least 3): how fast this machine is at the
-    time of the run, against the calibration's timing of the same step (``compare``)."""
+def step_probe(settings: dict[str, Any], seconds: float = 0.6) -> tuple[float, float]:
+    """How fast this machine is now, for a run of ``settings``: the median seconds of one step of the model it
+    trains, at its minibatch, with one torch thread, and of an Adagrad shard's push of ``MEMORY_PROBE_VALUES``
+    values right after each step (the calibration's ``update_s_per_value`` measurement: its work streams through
+    memory, whose speed here moves apart from the cores'). About ``seconds`` of steps, at least 3. ``compare``
+    holds them against the calibration's timings of the same two things."""
+    import numpy as np
     import torch
 
-    from distbelief.simulate.calibrate import _step_source
+    from distbelief.simulate.calibrate import _shard, _step_source
 
     cfg = config_from({k: v for k, v in settings.items() if v is not None}).normalized()
     key = (cfg.model, cfg.task, cfg.num_classes, cfg.batch_size)
@@ -91,21 +97,31 @@ def step_probe(settings: dict[str, Any], seconds: float = 0.6) -> float:
             source.gradient(x, y)  # (the first step allocates)
             _PROBES[key] = (source, x, y)
         source, x, y = _PROBES[key]
-        times = []
-        while len(times) < 3 or sum(times) < seconds:
+        if "shard" not in _PROBES:
+            n = MEMORY_PROBE_VALUES
+            _PROBES["shard"] = (_shard(n, "adagrad"),
+                                np.random.default_rng(0).standard_normal(n, dtype=np.float32) * np.float32(1e-3))
+        shard, g = _PROBES["shard"]
+        steps, pushes = [], []
+        while len(steps) < 3 or sum(steps) < seconds:
             t = time.perf_counter()
             source.gradient(x, y)
-            times.append(time.perf_counter() - t)
-        return statistics.median(times)
+            t1 = time.perf_counter()
+            shard.push(0, g, 0, shard.version, 32)
+            steps.append(t1 - t)
+            pushes.append(time.perf_counter() - t1)
+        return statistics.median(steps), statistics.median(pushes)
     finally:
         torch.set_num_threads(threads)
 
 
-def probed(settings: dict[str, Any], run: Callable[[], dict]) -> tuple[dict, float]:
-    """``run()``'s summary, and ``step_probe`` of its model just before and just after it (the mean)."""
+def probed(settings: dict[str, Any], run: Callable[[], dict]) -> tuple[dict, dict[str, float]]:
+    """``run()``'s summary, and ``step_probe`` just before and just after it (the means): ``{"step_probe_s",
+    "memory_probe_s"}``."""
     before = step_probe(settings)
     summary = run()
-    return summary, (before + step_probe(settings)) / 2
+    after = step_probe(settings)
+    return summary, {"step_probe_s": (before[0] + after[0]) / 2, "memory_probe_s": (before[1] + after[1]) / 2}
 
 
 def shaped_records(results: dict[str, Any], directory: Path) -> list[dict]:
@@ -151,11 +167,12 @@ def run_one_node(out: Path, log: Callable[[str], None], seconds: float = RUN_SEC
         t = time.monotonic()
         s, probe = probed({**FIG4_TASK, **extra}, lambda: train_task(cfg).summary)
         log(f"validate: {name}: {s['examples_per_s']:,.0f} examples/s, staleness {s.get('staleness_mean')} "
-            f"({time.monotonic() - t:.0f} s with start-up; a step {probe * 1e3:.1f} ms)")
+            f"({time.monotonic() - t:.0f} s with start-up; a step {probe['step_probe_s'] * 1e3:.1f} ms, a push "
+            f"{probe['memory_probe_s'] * 1e3:.2f} ms)")
         records.append({"name": name, "settings": {**FIG4_TASK, **extra},
                         "machines": {"nodes": 1, "cores_per_node": cores},
                         "examples_per_s": s["examples_per_s"], "staleness_mean": s.get("staleness_mean"),
-                        "step_probe_s": probe, "source": _keep_summary(out, name + tag)})
+                        **probe, "source": _keep_summary(out, name + tag)})
     return records
 
 
@@ -169,11 +186,13 @@ def median_records(rounds: list[list[dict]]) -> list[dict]:
         # the machine's speed at the run whose rate is the median (an even count: the mean of the middle two's)
         order = sorted(range(len(recs)), key=lambda i: rates[i])
         middle = [recs[i] for i in order[(len(recs) - 1) // 2: len(recs) // 2 + 1]]
-        probes = [r.get("step_probe_s") for r in middle]
+        probes = {}
+        for key in ("step_probe_s", "memory_probe_s"):
+            at = [r.get(key) for r in middle]
+            probes[key] = statistics.fmean(at) if None not in at else None
+            probes[key + "_runs"] = [r.get(key) for r in recs]
         out.append({**recs[0], "examples_per_s": statistics.median(rates), "examples_per_s_runs": rates,
-                    "staleness_mean": statistics.median(stale) if stale else None,
-                    "step_probe_s": statistics.fmean(probes) if None not in probes else None,
-                    "step_probe_s_runs": [r.get("step_probe_s") for r in recs],
+                    "staleness_mean": statistics.median(stale) if stale else None, **probes,
                     "source": [r["source"] for r in recs]})
     return out
 
@@ -217,12 +236,13 @@ def run_shaped(out: Path, log: Callable[[str], None], seconds: float = RUN_SECON
 
                 s, probe = probed(settings, train)
                 log(f"validate: {name}: {s['examples_per_s']:,.0f} examples/s, staleness {s.get('staleness_mean')} "
-                    f"({time.monotonic() - t:.0f} s with start-up; a step {probe * 1e3:.1f} ms)")
+                    f"({time.monotonic() - t:.0f} s with start-up; a step {probe['step_probe_s'] * 1e3:.1f} ms, a "
+                    f"push {probe['memory_probe_s'] * 1e3:.2f} ms)")
                 records.append({"name": name, "settings": settings,
                                 "machines": {"nodes": 4, "cores_per_node": 1, "shared_cores": os.cpu_count() or 1,
                                              "shard_nodes": 2, "bandwidth": parse_bandwidth(bandwidth)},
                                 "examples_per_s": s["examples_per_s"], "staleness_mean": s.get("staleness_mean"),
-                                "step_probe_s": probe, "source": _keep_summary(out, name + tag)})
+                                **probe, "source": _keep_summary(out, name + tag)})
         finally:
             netcluster.down(c.name, log=log)
     return records
@@ -241,15 +261,20 @@ def kendall_tau(a: list[float], b: list[float]) -> float:
     return s / (n * (n - 1) / 2)
 
 
-def speed_factor(rec: dict, costs: Costs) -> float:
-    """How much slower this machine ran the record's step at the time of its run (``step_probe_s``) than the
-    calibration says it does: 1 for a record without a probe."""
+def speed_factor(rec: dict, costs: Costs) -> tuple[float, float]:
+    """How much slower this machine was at the time of the record's run than the calibration says: its step
+    (``step_probe_s`` against the calibration's step of the same model) and its memory (``memory_probe_s``
+    against the calibration's Adagrad push of as many values). ``(1, 1)`` for a record without probes; the memory
+    factor is the step's for a record without that probe."""
     from distbelief.simulate.downpour import compute_seconds
 
-    probe = rec.get("step_probe_s")
+    probe, memory = rec.get("step_probe_s"), rec.get("memory_probe_s")
     if not probe:
-        return 1.0
-    return probe / compute_seconds(Workload.from_config(config_from(rec["settings"])), costs)
+        return 1.0, 1.0
+    step = probe / compute_seconds(Workload.from_config(config_from(rec["settings"])), costs)
+    if not memory:
+        return step, step
+    return step, memory / (costs.update_s("adagrad") * MEMORY_PROBE_VALUES)
 
 
 def predict_record(rec: dict, costs: Costs, steps: int = 60, speed: bool = True) -> dict:
@@ -258,10 +283,11 @@ def predict_record(rec: dict, costs: Costs, steps: int = 60, speed: bool = True)
     cfg = config_from(rec["settings"])
     work = Workload.from_config(cfg)
     m = Machines(**rec["machines"])
-    factor = speed_factor(rec, costs) if speed else 1.0
-    p = simulate(work, m, costs.scaled(factor) if factor != 1.0 else costs, steps=steps)
+    factor, memory = speed_factor(rec, costs) if speed else (1.0, 1.0)
+    scaled = costs.scaled(factor, memory) if (factor, memory) != (1.0, 1.0) else costs
+    p = simulate(work, m, scaled, steps=steps)
     return {"examples_per_s": p.examples_per_s, "staleness_mean": p.staleness_mean, "bottleneck": p.bottleneck,
-            "speed": factor}
+            "speed": factor, "memory_speed": memory}
 
 
 def compare(records: list[dict], costs: Costs, steps: int = 60, speed: bool = True) -> dict:
@@ -275,7 +301,8 @@ def compare(records: list[dict], costs: Costs, steps: int = 60, speed: bool = Tr
                      "predicted_examples_per_s": pred["examples_per_s"], "error": err,
                      "measured_staleness": ms, "predicted_staleness": ps,
                      "staleness_error": (ps - ms) if ms is not None and not math.isnan(ps) else None,
-                     "bottleneck": pred["bottleneck"], "speed": pred["speed"], "source": rec.get("source", "")})
+                     "bottleneck": pred["bottleneck"], "speed": pred["speed"], "memory_speed": pred["memory_speed"],
+                     "source": rec.get("source", "")})
     errs = [abs(r["error"]) for r in rows]
     st = [abs(r["staleness_error"]) for r in rows if r["staleness_error"] is not None]
     tau = (kendall_tau([r["measured_examples_per_s"] for r in rows], [r["predicted_examples_per_s"] for r in rows])
@@ -288,18 +315,19 @@ def compare(records: list[dict], costs: Costs, steps: int = 60, speed: bool = Tr
 
 def format_comparison(c: dict) -> str:
     lines = [f"{'configuration':44s} {'measured':>10} {'predicted':>10} {'error':>7}   {'staleness meas/pred':>20}"
-             f"  {'speed':>5}  bottleneck (predicted)"]
+             f"  {'speed':>5} {'mem':>5}  bottleneck (predicted)"]
     for r in c["rows"]:
         ms = "-" if r["measured_staleness"] is None else f"{r['measured_staleness']:.2f}"
         ps = "-" if r["predicted_staleness"] is None or math.isnan(r["predicted_staleness"]) else \
             f"{r['predicted_staleness']:.2f}"
         lines.append(f"{r['name']:44s} {r['measured_examples_per_s']:>10,.0f} {r['predicted_examples_per_s']:>10,.0f} "
-                     f"{r['error']:>+7.1%}   {ms + ' / ' + ps:>20}  {r.get('speed', 1.0):>5.2f}  {r['bottleneck']}")
+                     f"{r['error']:>+7.1%}   {ms + ' / ' + ps:>20}  {r.get('speed', 1.0):>5.2f} {r.get('memory_speed', 1.0):>5.2f}  {r['bottleneck']}")
     lines.append(f"examples/s: mean error {c['mean_error']:.1%}, max {c['max_error']:.1%} over {c['configurations']} "
                  f"configurations; Kendall tau {c['kendall_tau']:.3f}")
     if any(r.get("speed", 1.0) != 1.0 for r in c["rows"]):
-        lines.append("speed: the run's step, timed just before and after it, over the calibration's (every CPU cost "
-                     "scaled by it)")
+        lines.append("speed, mem: the run's step and a shard's push, timed just before and after it, over the "
+                     "calibration's (the CPU costs scaled by them: the shards', copies' and transfers' work per value "
+                     "or byte by mem, the rest by speed)")
     if c["staleness_mean_abs_error"] is not None:
         lines.append(f"staleness: mean error {c['staleness_mean_abs_error']:.2f} updates, max "
                      f"{c['staleness_max_abs_error']:.2f}")

@@ -294,3 +294,88 @@ def test_a_stream_holds_the_links_alone_with_its_cpu_on_both_ends():
     assert finish([(0, 2), (1, 2)])[0] == pytest.approx(2.0)  # one downlink for two
     t, world = finish([(0, 2)], cpu=2e-8)  # 2.5 s of CPU on each end: the transfer waits for its ends
     assert t == pytest.approx(2.5) and sum(world.cpu_busy.values()) == pytest.approx(5.0)
+
+
+def test_a_model_timed_by_the_calibration_takes_its_own_step_time():
+    """``step_measured``: exact at a minibatch timed, scaled by the fit's ratio at another, spread over threads like
+    the fit's multiply-adds; a model not timed takes the fit's time."""
+    fit = free_costs(macs_per_s={"dense": 1e9, "local": 1, "other": 1, "elementwise": 1e8}, step_s=0.002,
+                     thread_efficiency=1.0)
+    w = work()
+    fitted = compute_seconds(w, fit)
+    timed = dataclasses.replace(fit, step_measured={f"speech-tiny:{w.profile.params}": {"128": 3 * fitted}})
+    assert compute_seconds(w, timed) == pytest.approx(3 * fitted)
+    assert compute_seconds(w, timed, threads=2) == pytest.approx(0.002 + (3 * fitted - 0.002) / 2)
+    half = dataclasses.replace(w, batch=64)
+    assert compute_seconds(half, timed) == pytest.approx(3 * fitted * compute_seconds(half, fit) / fitted)
+    assert compute_seconds(work(model="mlp", task="mnist1d", num_classes=10), timed) == \
+        compute_seconds(work(model="mlp", task="mnist1d", num_classes=10), fit)
+
+
+def test_costs_scaled_by_a_slower_machine_slow_a_cpu_bound_run_by_as_much():
+    """``Costs.scaled(f)``: every CPU cost f times longer (rates f times lower), the links as they were; a run that
+    only computes and calls then takes f times longer."""
+    c = Costs(machine="m", date="d", step_measured={"x:1": {"32": 0.01}})
+    s = c.scaled(2.0)
+    assert s.step_s == 2 * c.step_s and s.macs_per_s["dense"] == c.macs_per_s["dense"] / 2
+    assert s.step_measured == {"x:1": {"32": 0.02}} and s.call_cpu_s == 2 * c.call_cpu_s
+    assert s.copy_bytes_per_s == c.copy_bytes_per_s / 2 and s.sparse_push_s_per_value == 2 * c.sparse_push_s_per_value
+    assert (s.link_efficiency, s.link_object_s, s.objstore_call_s) == (c.link_efficiency, c.link_object_s,
+                                                                        c.objstore_call_s)
+    costs = free_costs(step_s=0.01, call_cpu_s=1e-3, local_object_cpu_s=1e-3, sparse_push_s_per_value=1e-7)
+    w = work(compress="topk", compress_fetch="delta")
+    one = simulate(w, Machines(1, 2), costs).examples_per_s
+    assert simulate(w, Machines(1, 2), costs.scaled(2.0)).examples_per_s == pytest.approx(one / 2, rel=1e-6)
+
+
+def test_a_shard_steps_a_top_k_push_and_reads_its_log_at_the_calibrated_cost_per_value():
+    """A top-k push under Adagrad costs the shard ``sparse_push_s_per_value`` per value it carries; its delta fetch
+    after it ``delta_log_s_per_value`` per value changed since the replica's last fetch: one replica, one shard,
+    nothing else costs time, so the shard is busy exactly that long per step."""
+    from distbelief.compression.topk import kept
+
+    w = work(replicas=1, shards=1, compress="topk", compress_fetch="delta")
+    costs = free_costs(step_s=0.01, sparse_push_s_per_value=1e-6, delta_log_s_per_value=1e-7)
+    p = simulate(w, Machines(1, 2), costs)
+    n = w.layout.sizes()[0]
+    shard = 1e-6 * kept(0.01, n) + 1e-7 * n * 0.01  # one push since its fetch: the top-k share changed
+    assert p.step_s == pytest.approx(0.01 + shard)
+    assert p.shard_busy[0] == pytest.approx(shard / (0.01 + shard))
+
+
+def test_ray_calls_and_objects_on_one_node_cost_cpu_at_both_ends():
+    """A call costs ``call_cpu_s`` of CPU (half each end); an argument or reply over 100 KiB through one node's
+    object store ``local_object_cpu_s`` + ``local_object_cpu_s_per_byte`` per byte, half each end; across nodes an
+    object's fixed CPU is ``objstore_cpu_s``, half on each node."""
+    import simpy
+
+    from distbelief.simulate.engine import World
+
+    env = simpy.Environment()
+    world = World(env, Machines(1, 2), free_costs(local_object_cpu_s=0.002, local_object_cpu_s_per_byte=1e-9))
+    env.run(env.process(world.send(0, 0, 1e6)))
+    assert env.now == pytest.approx(0.003) and sum(world.cpu_busy.values()) == pytest.approx(0.003)
+    env.run(env.process(world.send(0, 0, 1000)))  # inline: nothing
+    assert env.now == pytest.approx(0.003)
+    env = simpy.Environment()
+    world = World(env, Machines(2, 1), free_costs(objstore_cpu_s=0.004))
+    env.run(env.process(world.send(0, 1, 1e6)))
+    assert world.cpu_busy[0] == pytest.approx(0.002) and world.cpu_busy[1] == pytest.approx(0.002)
+    costs = free_costs(step_s=0.01, call_cpu_s=0.002)
+    p = simulate(work(replicas=1, shards=1, compress="topk"), Machines(1, 2), costs)  # one call a step
+    assert p.step_s == pytest.approx(0.012)
+
+
+def test_validation_scales_the_costs_by_the_runs_probed_step():
+    """A record whose step was timed at twice the calibration's (``step_probe_s``) is predicted on costs twice as
+    slow; without a probe, or with ``speed=False``, on the calibration as it is."""
+    costs = free_costs(step_s=0.01)
+    rec = {"name": "a", "settings": {**TINY, "replicas": 1, "shards": 1}, "machines": {"nodes": 1,
+                                                                                       "cores_per_node": 1},
+           "examples_per_s": 128 / 0.02, "staleness_mean": 0.0, "step_probe_s": 0.02}
+    c = compare([rec], costs)
+    assert c["rows"][0]["speed"] == pytest.approx(2.0) and c["rows"][0]["error"] == pytest.approx(0.0)
+    raw = compare([rec], costs, speed=False)
+    assert raw["rows"][0]["speed"] == 1.0 and raw["rows"][0]["error"] == pytest.approx(1.0)
+    no_probe = {k: v for k, v in rec.items() if k != "step_probe_s"}
+    assert compare([no_probe], costs)["rows"][0]["speed"] == 1.0
