@@ -695,7 +695,8 @@ def measure_objstore(rep: Effort, background: float, log: Log) -> dict[str, Any]
         f"object + {1e9 / cpu_rate:.3f} ns/byte")
     return {"call_s": call_s, "bytes_per_s": rate, "cpu_s": cpu_s, "cpu_s_per_byte": 1.0 / cpu_rate,
             "medians": medians,
-            "cpu": {"per_object": per_object, "idle_cpu_per_s": r["idle_cpu_per_s"],
+            "cpu": {"per_object": [{"bytes": b, "cpu_s": c} for b, c in per_object],
+                    "idle_cpu_per_s": r["idle_cpu_per_s"],
                     "waited_quiet_s": r["waited_quiet_s"]}}
 
 
