@@ -34,4 +34,3 @@ def as_tensor(a) -> torch.Tensor:
         # torch.from_numpy warns on read-only arrays; frombuffer on the same memory is zero-copy and silent.
         return torch.frombuffer(memoryview(arr).cast("B"), dtype=torch.float32) if arr.size else torch.empty(0)
     return torch.from_numpy(arr)
-

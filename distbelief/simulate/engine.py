@@ -80,9 +80,8 @@ class World:
     def send(self, src: int, dst: int, nbytes: float, *, object_store: bool = True, stream: bool = False):
         """``nbytes`` from a process on ``src`` to one on ``dst``: within a node through the object store (CPU per
         object and per byte, half at each end) or not at all (``object_store=False``: shared buffers, read in
-        place); between
-        nodes on a stream (``stream``), inline with the call when small, else through Ray's object store over
-        both nodes' links."""
+        place); between nodes on a stream (``stream``), inline with the call when small, else through Ray's object
+        store over both nodes' links."""
         c = self.costs
         if nbytes <= 0:
             return
