@@ -21,6 +21,9 @@ from distbelief.runtime.clocks import LocalClocks
 from distbelief.runtime.transport import InProcessTransport
 
 
+WAIT_POLL_S = 0.002  # how often wait_any looks at the futures it waits on
+
+
 class _ThreadFuture(Future):
     def __init__(self, fut: cf.Future, role_name: str):
         self._fut, self._role_name = fut, role_name
@@ -282,7 +285,16 @@ class InProcessRuntime(Runtime):
         done = [f for f in futures if f.done()]
         if done or other:  # (a future with no thread of its own to wait on is returned as it is: the caller asks)
             return list(dict.fromkeys(done + other))
-        cf.wait(list(threads), timeout=timeout_s, return_when=cf.FIRST_COMPLETED)
+        # Polled, not cf.wait: cf.wait takes every future's lock in a Python loop, and a Ctrl-C or SIGTERM landing
+        # inside it leaves one held, so the thread finishing that future blocks for ever and the interrupted run's
+        # clean-up waits out remote_timeout_s. (A suite run once saw an interrupted in-process Sandblaster run
+        # hang that long; this is the lock on its path that an interrupt can leave held.)
+        deadline = time.monotonic() + timeout_s
+        while not any(t.done() for t in threads):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            time.sleep(min(left, WAIT_POLL_S))
         return [f for f in futures if f.done()]
 
     def shutdown(self) -> None:
