@@ -62,7 +62,7 @@ Log = Callable[[str], None]
 STEP_MODELS = (("speech-tiny", "speech", 8192), ("speech-small", "speech", 256), ("mlp", "mnist1d", 10),
                ("lc-image-small", "shapes", 8), ("cnn", "mnist1d", 10))
 # Timed for their own step too (their time is read directly, not from the fit): the paper's speech model at its
-# default minibatch (its wide sigmoid layers run at a rate the smaller models' fit misses by 40 %)
+# default minibatch (the smaller models' fit put its step at about half its time)
 OWN_STEP_MODELS = (("speech-paper", "speech", 8192, 32),)
 STEP_BATCHES = (32, 128, 256)  # Downpour's default minibatch, the Fig. 4 recipe's, one towards Sandblaster's portions
 STEP_BLOCK = 5  # steps of one model timed in a row (after one untimed), as a replica repeats its step
