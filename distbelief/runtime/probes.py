@@ -192,43 +192,28 @@ def stream_cpu(values: int, count: int, timeout_s: float = 60.0) -> dict[str, fl
     way. Returns the CPU seconds this process spent per byte moved (both ends' work together: gloo's TCP pairs,
     the copies each end makes) and the bytes per second."""
     import resource
-    import threading
 
     from distbelief.runtime import streams
 
-    host = "127.0.0.1"
-    port = streams.free_port(host)
-    store = streams.open_store(host, port, True, timeout_s)
-    ends: dict[str, Any] = {}
+    _store, replica, shard = streams.loopback_pair(values, "calibrate", timeout_s)
+    v = np.ones(values, np.float32)
 
-    def shard_side():
-        joined = streams.open_store(host, port, False, timeout_s)
-        ends["shard"] = streams.ShardEnd(streams.open_pair(joined, "calibrate", 1, host, timeout_s,
-                                                           streams.FOREVER), values, "calibrate", joined)
-
-    t = threading.Thread(target=shard_side, daemon=True)
-    t.start()
-    replica = streams.ReplicaEnd(streams.open_pair(store, "calibrate", 0, host, timeout_s), values, "calibrate")
-    t.join(timeout_s)
-    shard = ends["shard"]
+    def push():
+        index, work = replica.push(v)
+        streams.wait(work, time.monotonic() + timeout_s, "push")
+        shard.take_push(index, timeout_s)
+        shard.applied(index)
 
     def cpu() -> float:
         r = resource.getrusage(resource.RUSAGE_SELF)
         return r.ru_utime + r.ru_stime
 
     try:
-        v = np.ones(values, np.float32)
-        for i in range(2):  # warm-up: the connection and the buffers
-            index, work = replica.push(v)
-            streams.wait(work, time.monotonic() + timeout_s, "push")
-            shard.take_push(index, timeout_s)
-            shard.applied(index)
+        for _ in range(2):  # warm-up: the connection and the buffers
+            push()
         cpu0, t0 = cpu(), time.perf_counter()
         for _ in range(count):
-            index, work = replica.push(v)
-            streams.wait(work, time.monotonic() + timeout_s, "push")
-            shard.take_push(index, timeout_s)
-            shard.applied(index)
+            push()
         for _ in range(count):
             index, work, _buf = replica.fetch()
             shard.send_fetch(index, v, timeout_s)

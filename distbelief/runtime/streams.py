@@ -208,6 +208,25 @@ class ReplicaEnd:
         self.pg = None
 
 
+def loopback_pair(size: int, name: str, timeout_s: float = 30.0) -> tuple:
+    """Both ends of one stream of ``size`` values in this process, over loopback: ``(store, replica end, shard
+    end)`` (the calibration's probe of a stream's CPU, and the tests). Keep the store while the ends are used."""
+    host = "127.0.0.1"
+    port = free_port(host)
+    store = open_store(host, port, True, timeout_s)
+    got = {}
+
+    def shard_side():
+        joined = open_store(host, port, False, timeout_s)
+        got["shard"] = ShardEnd(open_pair(joined, name, 1, host, timeout_s, FOREVER), size, name, joined)
+
+    t = threading.Thread(target=shard_side, daemon=True)
+    t.start()
+    replica = ReplicaEnd(open_pair(store, name, 0, host, timeout_s), size, name)
+    t.join(timeout_s)
+    return store, replica, got["shard"]
+
+
 def wait(work, deadline: float, what: str) -> None:
     """Wait for a gloo transfer until ``deadline`` (time.monotonic); StreamBroken if it fails or is late."""
     left = max(0.001, deadline - time.monotonic())

@@ -13,21 +13,7 @@ from distbelief.runtime import streams
 
 
 def _pair(size: int):
-    host = "127.0.0.1"
-    port = streams.free_port(host)
-    store = streams.open_store(host, port, True, 30)
-    got = {}
-
-    def shard_side():
-        joined = streams.open_store(host, port, False, 30)
-        got["shard"] = streams.ShardEnd(streams.open_pair(joined, "p", 1, host, 30, streams.FOREVER), size, "s",
-                                        joined)
-
-    t = threading.Thread(target=shard_side)
-    t.start()
-    replica = streams.ReplicaEnd(streams.open_pair(store, "p", 0, host, 30), size, "r")
-    t.join(30)
-    return store, replica, got["shard"]
+    return streams.loopback_pair(size, "p")
 
 
 def test_pushes_and_fetches_arrive_exactly_in_order():
