@@ -73,6 +73,15 @@ class Fetched:
     def nbytes(self) -> int:
         return (0 if self.idx is None else self.idx.nbytes) + self.values.nbytes
 
+    def load_into(self, flat: torch.Tensor, lo: int) -> None:
+        """Write this answer into ``flat``, whose position ``lo`` is the range's first value: the changed values
+        at their positions, or every value of the range."""
+        if self.idx is not None:
+            flat[lo + torch.from_numpy(self.idx).long()] = torch.from_numpy(self.values)
+        else:
+            values = torch.as_tensor(self.values)
+            flat[lo : lo + len(values)].copy_(values)
+
 
 def dense_push(grad, offset: int, lo: int, hi: int) -> tuple[Any, int, int | None]:
     """``(grad, offset, wire bytes)`` as a shard holding ``[lo, hi)`` applies a push: an encoded push decoded into its

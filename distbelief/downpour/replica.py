@@ -343,10 +343,8 @@ class ModelReplica:
         for k, (lo, values) in enumerate(parts):
             if isinstance(values, Fetched):  # a delta fetch's answer (ps/shard.py ``fetch``)
                 self.client.fetch_since[k] = (values.token, versions[k])
-                if values.idx is not None:
-                    flat[lo + torch.from_numpy(values.idx).long()] = torch.from_numpy(values.values)
-                    continue
-                values = values.values
+                values.load_into(flat, lo)
+                continue
             src, dst = torch.as_tensor(values), flat[lo : lo + len(values)]
             if src.data_ptr() != dst.data_ptr():  # not already in place (a shard wrote our shared buffer)
                 dst.copy_(src)

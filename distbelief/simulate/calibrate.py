@@ -20,6 +20,9 @@
 - Ray actor calls with a tiny argument and a tiny or large reply (the runtime's ``RoleActor.call``, on a local
   Ray): the tiny call's time, and the CPU each costs the machine (the large replies go through the node's object
   store);
+- two replicas' top-k pushes answered by delta fetches through two real shard actors and the product's client
+  (``measure_compressed``): the replica's CPU to write an answer into its parameters, per value, and what each
+  such call costs it beyond a plain call;
 - Ray's object store between two nodes of a fake cluster (``local_cluster.fake_cluster``: two raylets on this
   machine, so objects move between two object stores, over loopback): the fetch times of objects of a few
   sizes fitted to ``objstore_call_s + bytes / objstore_bytes_per_s`` (``fit_transfers``), and the CPU that
@@ -670,6 +673,35 @@ def measure_call(rep: Effort, background: float, log: Log) -> dict[str, Any]:
                        for n, r, c in zip(sizes, runs, cpu)]}
 
 
+def measure_compressed(rep: Effort, background: float, call: dict[str, Any], log: Log) -> dict[str, Any]:
+    """The replica's side of top-k pushes answered by delta fetches, through real shards on one node and the
+    product's client (runtime/probes.py ``compressed_rounds``): ``delta_load_s_per_value``, writing an answer's
+    values into the parameters, per value; and ``encoded_call_cpu_s``, what each call (one per shard) costs the
+    caller beyond encoding, loading, a plain call's half (``call_cpu_s``) and the halves of its objects that the
+    simulator charges (``local_object_cpu_s``: the part and the answer when over Ray's inline limit)."""
+    from distbelief.runtime.probes import compressed_rounds
+    from distbelief.simulate.workload import INLINE_BYTES
+
+    r = compressed_rounds(rep.shard_values, DELTA_CHANGED, max(10, rep.call // 2), 2 * rep.warmup + 4,
+                          lambda: wait_quiet(background))
+    calls = r["calls"]
+
+    def half(nbytes: float) -> float:  # the caller's half of one object, as the simulator charges it
+        if nbytes <= INLINE_BYTES:
+            return 0.0
+        return (call["local_object_cpu_s"] + nbytes * call["local_object_cpu_s_per_byte"]) / 2
+
+    per_call = (r["cpu_s"] - r["encode_s"] - r["load_s"]) / calls
+    charged = call["call_cpu_s"] / 2 + half(r["push_bytes"] / calls) + half(r["answer_bytes"] / calls)
+    load = r["load_s"] / max(1.0, r["loaded"])
+    log(f"compressed calls (top-k push, delta answer; {calls} shards): the caller's CPU {r['cpu_s'] * 1e3:.2f} ms "
+        f"a round, encoding {r['encode_s'] * 1e3:.2f} ms, loading {r['loaded']:,.0f} values {r['load_s'] * 1e3:.2f} "
+        f"ms = {load * 1e9:.1f} ns/value; each call {per_call * 1e3:.2f} ms of it, {charged * 1e3:.2f} ms as a "
+        f"plain call's half and its objects")
+    return {"delta_load_s_per_value": load, "encoded_call_cpu_s": max(0.0, per_call - charged),
+            "record": {**r, "per_call_cpu_s": per_call, "charged_s": charged}}
+
+
 def _median_by_size(points: Sequence[Sequence[float]]) -> list[tuple[int, float]]:
     sizes = sorted({int(b) for b, _ in points})
     return [(b, statistics.median(s for bb, s in points if bb == b)) for b in sizes]
@@ -803,6 +835,7 @@ def calibrate(path: str | Path | None = None, *, links: bool = False, quick: boo
         torch.set_num_threads(threads)
     compute, steps_record = _fit_compute(steps, scaling, log)
     call = measure_call(rep, background, log)
+    compressed = measure_compressed(rep, background, call, log)
     objstore = measure_objstore(rep, background, log)
     costs = Costs(
         machine=machine_name(), date=dt.date.today().isoformat(), cpus=os.cpu_count() or 1, **compute,
@@ -818,6 +851,8 @@ def calibrate(path: str | Path | None = None, *, links: bool = False, quick: boo
         encode_s_per_value={k: s / codec_values for k, s in encode.items()},
         decode_s_per_value={k: s / codec_values for k, s in decode.items()}, delta_s_per_value=delta / n,
         sparse_push_s_per_value=sparse_push, delta_log_s_per_value=delta_log,
+        delta_load_s_per_value=compressed["delta_load_s_per_value"],
+        encoded_call_cpu_s=compressed["encoded_call_cpu_s"],
         stream_cpu_s_per_byte=stream["cpu_s_per_byte"] / 2)
     measurements: dict[str, Any] = {
         "steps": steps_record,
@@ -829,6 +864,7 @@ def calibrate(path: str | Path | None = None, *, links: bool = False, quick: boo
         "stream": stream,
         "codec_values": codec_values, "compress_s": encode, "decode_s": decode,
         "call": call["record"],
+        "compressed": compressed["record"],
         "objstore": _sized(objstore["medians"], objstore["call_s"], objstore["bytes_per_s"]),
         "objstore_cpu": objstore["cpu"],
     }

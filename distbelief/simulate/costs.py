@@ -33,7 +33,9 @@ How the simulator uses them:
   ``delta_s_per_value`` for a shard to find the values changed since a replica's last fetch by a scan of its
   range; a top-k push that the shard steps value by value costs ``sparse_push_s_per_value`` per value it carries
   (instead of decoding and the rule over the range), and a delta fetch after such pushes reads the shard's log of
-  changed positions: ``delta_log_s_per_value`` per value it answers.
+  changed positions: ``delta_log_s_per_value`` per value it answers; the replica writes a delta answer into its
+  parameters at ``delta_load_s_per_value`` per value, and a call carrying an encoded push costs it
+  ``encoded_call_cpu_s`` more than a plain call's half (the push's parts pickled, the answer's arrays unpickled).
 """
 
 from __future__ import annotations
@@ -94,6 +96,12 @@ class Costs:
     # shard's log of changed positions after them: seconds per value a push carries, per value a fetch answers
     sparse_push_s_per_value: float = 1.0e-7
     delta_log_s_per_value: float = 2.0e-8
+    # the replica's side of such answers and pushes (calibrate.py times them through real shards and the
+    # product's client): writing a delta answer's values into its parameters, per value; and the CPU a call that
+    # carries an encoded push costs its caller beyond a plain call's half and its objects (Ray pickles the
+    # push's parts and unpickles the answer's arrays)
+    delta_load_s_per_value: float = 2.0e-8
+    encoded_call_cpu_s: float = 0.0
     # what was measured, for the record (calibrate.py fills it; the simulator does not read it)
     measurements: dict[str, Any] = field(default_factory=dict)
 
@@ -123,7 +131,8 @@ class Costs:
                 raise ConfigError("costs", f"{source}: {name} must be > 0, got {getattr(self, name)!r}")
         for name in ("step_s", "example_s", "call_s", "objstore_call_s", "link_object_s", "objstore_cpu_s_per_byte",
                      "stream_cpu_s_per_byte", "delta_s_per_value", "sparse_push_s_per_value", "call_cpu_s",
-                     "objstore_cpu_s", "local_object_cpu_s", "local_object_cpu_s_per_byte", "delta_log_s_per_value"):
+                     "objstore_cpu_s", "local_object_cpu_s", "local_object_cpu_s_per_byte", "delta_log_s_per_value",
+                     "delta_load_s_per_value", "encoded_call_cpu_s"):
             if not getattr(self, name) >= 0:
                 raise ConfigError("costs", f"{source}: {name} must be >= 0, got {getattr(self, name)!r}")
         if not 0 <= self.thread_efficiency <= 1:
@@ -157,6 +166,7 @@ class Costs:
             example_s=self.example_s * f,
             step_measured={k: {b: t * f for b, t in by.items()} for k, by in self.step_measured.items()},
             call_s=self.call_s * f, call_cpu_s=self.call_cpu_s * f, local_object_cpu_s=self.local_object_cpu_s * f,
+            encoded_call_cpu_s=self.encoded_call_cpu_s * f,
             objstore_cpu_s=self.objstore_cpu_s * f,
             encode_s_per_value={k: v * f for k, v in self.encode_s_per_value.items()},
             update_s_per_value={k: v * m for k, v in self.update_s_per_value.items()},
@@ -166,7 +176,7 @@ class Costs:
             stream_cpu_s_per_byte=self.stream_cpu_s_per_byte * m,
             decode_s_per_value={k: v * m for k, v in self.decode_s_per_value.items()},
             delta_s_per_value=self.delta_s_per_value * m, sparse_push_s_per_value=self.sparse_push_s_per_value * m,
-            delta_log_s_per_value=self.delta_log_s_per_value * m)
+            delta_log_s_per_value=self.delta_log_s_per_value * m, delta_load_s_per_value=self.delta_load_s_per_value * m)
 
     def measured_step(self, model: str, params: int, batch: int, fitted: float) -> float | None:
         """Seconds of one step (one thread) of ``model`` with ``params`` parameters at minibatch ``batch`` from

@@ -188,9 +188,10 @@ class DownpourRun:
         shard's values, or under ``compress_fetch = "delta"`` the values changed since the replica's last fetch.
         One Ray call (a push and its fetch are one on every transport): the caller pays its half of the call's
         cost on its own core first."""
-        if not self.colocated:
-            yield from self.world.cpu(self.replica_nodes[r], self.costs.call_cpu_s / 2)
         s, c, w = self.shards, self.costs, self.work
+        if not self.colocated:  # (a push's encoded parts cost more to send than a plain call's arguments)
+            extra = c.encoded_call_cpu_s if push and w.compress != "none" else 0.0
+            yield from self.world.cpu(self.replica_nodes[r], c.call_cpu_s / 2 + extra)
         with s.lock[k].request() as req:
             yield req
             t = self.env.now
@@ -246,6 +247,10 @@ class DownpourRun:
             if self.work.compress_fetch == "fp16":  # loaded as float32: a conversion per value
                 values = share / 2 * (1 + self.others)
                 yield from self.world.cpu(node, values * self.costs.decode_s_per_value.get("fp16", 0.0))
+            elif self.work.compress_fetch == "delta" and nbytes < 4 * self.shards.sizes[k]:
+                # the changed values written at their positions (8 bytes each: a position and a value)
+                values = share / 8 * (1 + self.others)
+                yield from self.world.cpu(node, values * self.costs.delta_load_s_per_value)
             else:
                 yield from self.world.copy(node, share * (1 + self.others))
 
@@ -373,8 +378,8 @@ class DownpourRun:
 
     # ------------------------------------------------------------------ sync
     def _sync_loop(self):
-        """Lockstep steps (downpour/sync.py): each free replica fetches, computes and sends its gradient parts to
-        the shards; the shards apply the mean of the first ``replicas`` computed from this step's parameters. A
+        """Lockstep steps (downpour/sync.py): each free replica, called by the driver, fetches, computes and sends
+        its gradient parts (copies of its ranges) to the shards; the shards apply the mean of the first ``replicas`` computed from this step's parameters. A
         replica still computing when its step is applied (a backup's late gradient is dropped) is not called
         again until it answers."""
         w, env, s, c = self.work, self.env, self.shards, self.costs
@@ -382,9 +387,13 @@ class DownpourRun:
         busy: dict[int, simpy.Process] = {}
 
         def replica_step(r, arrived):
+            node = self.replica_nodes[r]
+            yield from self.world.cpu(node, c.call_cpu_s / 2)  # the callee's half of the driver's call
             versions = [0] * w.shards
             yield from self._wait(r, self._fetch(r, versions, None))
             yield from self._compute(r)
+            if w.compress == "none":  # each shard's range copied out of the gradient, to be returned
+                yield from self.world.copy(node, 4 * sum(s.sizes))
             yield env.all_of([env.process(self._up(r, k, self.push_bytes[k])) for k in self.modelled])
             arrived.append(r)
             del busy[r]

@@ -55,7 +55,8 @@ def test_quick_calibration_measures_every_cost_and_reads_back(tmp_path):
     # what the fits cannot leave at 0: a measured time per call, per value or per byte
     for name in ("call_s", "call_cpu_s", "objstore_call_s", "objstore_cpu_s_per_byte", "delta_s_per_value",
                  "update_s_per_value[sgd]", "update_s_per_value[adagrad]", "sparse_push_s_per_value",
-                 "delta_log_s_per_value", "stream_cpu_s_per_byte", "local_object_cpu_s_per_byte"):
+                 "delta_log_s_per_value", "stream_cpu_s_per_byte", "local_object_cpu_s_per_byte",
+                 "delta_load_s_per_value"):
         assert numbers[name] > 0, name
     # every step timed is kept as its model's own, the 42M speech model's too
     assert {k for k in numbers if k.startswith("step_measured")} >= {
@@ -66,11 +67,16 @@ def test_quick_calibration_measures_every_cost_and_reads_back(tmp_path):
     assert len(m["steps"]) == steps and len(m["objstore"]) == 3 and m["quick"] is True
     assert m["contention"]["contention"] == costs.contention >= 1
     assert costs.compute_cv > 0 and m["threads"]["efficiency"] == costs.thread_efficiency  # 2 cores or more
+    # the compressed calls: values loaded, and the call's cost beyond what the simulator charges elsewhere
+    c = m["compressed"]
+    assert c["loaded"] > 0 and c["push_bytes"] > 0 and c["answer_bytes"] > 0 and c["rounds"] >= 20
+    assert costs.encoded_call_cpu_s == max(0.0, c["per_call_cpu_s"] - c["charged_s"])
 
     assert Costs.from_json(json.loads(path.read_text()), str(path)) == costs
     # one line per measurement: every step, one with 1 and 2 threads, the 42M model's own, their fit; the
-    # co-located steps alone and beside another; 2 rules; 4 schemes; 3 object sizes and their fit
+    # co-located steps alone and beside another; 2 rules; 4 schemes; the compressed calls; 3 object sizes and
+    # their fit
     counts = {"step ": steps + 1 + 1 + 1, "co-located step": 1, "thread efficiency": 1, "shard update": 2,
               "delta fetch": 1, "sparse push": 1, "copy": 1, "stream": 1, "compression": 4, "Ray actor call": 1,
-              "object store": 3 + 1}
+              "object store": 3 + 1, "compressed calls": 1}
     assert {k: sum(line.startswith(k) for line in lines) for k in counts} == counts

@@ -36,11 +36,12 @@ def shard(rule):
 
 
 def apply(local: np.ndarray, answer: Fetched) -> np.ndarray:
-    if answer.idx is None:
-        return answer.values.copy()
-    local = local.copy()
-    local[answer.idx] = answer.values
-    return local
+    """The replica's load of an answer (``Fetched.load_into``), here into a flat vector whose range starts at 3."""
+    flat = torch.full((N + 5,), 7.0)
+    flat[3:3 + N] = torch.from_numpy(local)
+    answer.load_into(flat, 3)
+    assert (flat[:3] == 7).all() and (flat[3 + N:] == 7).all()  # nothing written outside the range
+    return flat[3:3 + N].numpy().copy()
 
 
 def sparse_grad(seed, nonzero=10):

@@ -29,8 +29,8 @@ def free_costs(**changes) -> Costs:
                  call_s=0.0, copy_bytes_per_s=1e30, objstore_call_s=0.0, objstore_bytes_per_s=1e30,
                  objstore_cpu_s_per_byte=0.0, link_efficiency=1.0, link_object_s=0.0, delta_s_per_value=0.0,
                  stream_cpu_s_per_byte=0.0, call_cpu_s=0.0, local_object_cpu_s=0.0, local_object_cpu_s_per_byte=0.0,
-                 sparse_push_s_per_value=0.0, delta_log_s_per_value=0.0,
-                 encode_s_per_value={}, decode_s_per_value={})
+                 sparse_push_s_per_value=0.0, delta_log_s_per_value=0.0, delta_load_s_per_value=0.0,
+                 encoded_call_cpu_s=0.0, encode_s_per_value={}, decode_s_per_value={})
     return dataclasses.replace(base, **changes)
 
 
@@ -341,6 +341,24 @@ def test_a_shard_steps_a_top_k_push_and_reads_its_log_at_the_calibrated_cost_per
     shard = 1e-6 * kept(0.01, n) + 1e-7 * n * 0.01  # one push since its fetch: the top-k share changed
     assert p.step_s == pytest.approx(0.01 + shard)
     assert p.shard_busy[0] == pytest.approx(shard / (0.01 + shard))
+
+
+def test_a_replica_pays_its_encoded_calls_and_loads_its_delta_answers_at_the_calibrated_costs():
+    """Behind a Ray call (not co-located: an encoded push goes through the object store), a replica pays
+    ``encoded_call_cpu_s`` for each call carrying its top-k push, and ``delta_load_s_per_value`` per value of the
+    delta answer it writes into its parameters; one replica, one shard, nothing else costs time, so its step is
+    exactly its compute and those two. Uncompressed pushes answered whole pay neither."""
+    from distbelief.compression.topk import kept
+
+    w = work(replicas=1, shards=1, compress="topk", compress_fetch="delta")
+    n = w.layout.sizes()[0]
+    p = simulate(w, Machines(1, 2), free_costs(step_s=0.01, encoded_call_cpu_s=0.003))
+    assert p.step_s == pytest.approx(0.013)
+    p = simulate(w, Machines(1, 2), free_costs(step_s=0.01, delta_load_s_per_value=1e-6))
+    assert p.step_s == pytest.approx(0.01 + 1e-6 * kept(0.01, n))  # its own push's values changed since
+    plain = work(replicas=1, shards=1, compress_fetch="fp16")  # Ray calls too: float16 answers
+    p = simulate(plain, Machines(1, 2), free_costs(step_s=0.01, encoded_call_cpu_s=0.003, delta_load_s_per_value=1e-6))
+    assert p.step_s == pytest.approx(0.01)
 
 
 def test_ray_calls_and_objects_on_one_node_cost_cpu_at_both_ends():
