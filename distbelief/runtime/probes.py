@@ -225,88 +225,26 @@ def stream_cpu(values: int, count: int, timeout_s: float = 60.0) -> dict[str, fl
         replica.close()
 
 
-def compressed_rounds(shard_values: int, ratio: float, rounds: int, warmup: int, settle: Callable[[], Any]
-                      ) -> dict[str, Any]:
-    """Top-k pushes answered by delta fetches, as the replicas of a one-node run make them (the object-store
-    transport): two real parameter shards (Adagrad) of ``shard_values`` values each, and two replicas' clients in
-    this process taking turns, each round one push of a top-k part (``ErrorFeedback``, ``ratio`` of the values)
-    fused with its fetch of the values changed since its last (``push_fetch_async``), then the answer loaded into
-    its parameters (``Fetched.load_into``). ``settle()`` runs before the timed rounds.
 
-    Returns, per round, this process's CPU seconds (every thread: the caller's whole side of the calls), the
-    seconds spent encoding and loading, the values loaded, the bytes of the push and of the answers, and the
-    wall seconds; ``calls`` per round (one per shard)."""
-    import resource
+def with_actors(roles: Sequence[tuple[type, tuple]], body: Callable[[list], Any]) -> Any:
+    """``body(handles)`` on one local Ray started as a local run starts it (``connect``), with one of the
+    runtime's role actors per ``(role, role_args)`` of ``roles`` (one call at a time each, as shards run), and
+    the client a replica of that runtime uses (``shard_client(handles, layout, replica_id)``: its transport
+    chosen as on a one-node cluster without the shared-memory plane: the object store). Ray is shut down when
+    ``body`` returns, on error too."""
+    from distbelief.runtime.ray_runtime import connect, role_actor
 
-    import torch
-
-    from distbelief.compression import EncodedPush, ErrorFeedback, make_codec
-    from distbelief.ps.rules import make_rule
-    from distbelief.ps.shard import ParameterShard
-    from distbelief.ps.sharding import ShardLayout
-    from distbelief.runtime.ray_runtime import RayShardClient, connect, role_actor
-
-    def cpu() -> float:
-        r = resource.getrusage(resource.RUSAGE_SELF)
-        return r.ru_utime + r.ru_stime
-
-    total, shards = 2 * shard_values, 2
-    layout = ShardLayout.balanced(total, shards)
-    ranges = [layout.range(k) for k in range(shards)]
-    rng = np.random.default_rng(3)
-    grads = [torch.from_numpy(rng.standard_normal(total, dtype=np.float32) * np.float32(1e-3)) for _ in range(4)]
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as a replica that has one core to itself
     connect(num_cpus=2)
     try:
-        handles = [role_actor().options(num_cpus=0, max_concurrency=1).remote(
-            1, ParameterShard, k, lo, hi, np.zeros(hi - lo, np.float32), make_rule("adagrad", lr=1e-3), total)
-            for k, (lo, hi) in enumerate(ranges)]
-        clients, feedback, flats, versions = [], [], [], []
-        for r in range(2):
-            client = RayShardClient(handles, layout, r, 60.0, None, False, False)
-            client.fetch_since = [("", -1)] * shards
-            clients.append(client)
-            feedback.append(ErrorFeedback(make_codec("topk", ranges, None, ratio=ratio), total))
-            flats.append(torch.zeros(total))
-            versions.append([0] * shards)
-
-        def load(r, parts, vs) -> int:
-            n = 0
-            for k, (lo, answer) in enumerate(parts):
-                clients[r].fetch_since[k] = (answer.token, vs[k])
-                answer.load_into(flats[r], lo)
-                n += len(answer.values)
-            versions[r] = vs
-            return n
-
-        for r in range(2):
-            load(r, *clients[r].fetch_async().result(60.0))
-
-        def one(i: int, r: int) -> tuple[float, float, int, int, int]:
-            t0 = time.perf_counter()
-            push = EncodedPush("topk", feedback[r].compress(grads[i % len(grads)]), ranges)
-            t1 = time.perf_counter()
-            parts, vs = clients[r].push_fetch_async(push, versions[r], 128).result(60.0)
-            t2 = time.perf_counter()
-            n = load(r, parts, vs)
-            t3 = time.perf_counter()
-            push_bytes = sum(idx.nbytes + values.nbytes for idx, values in push.parts)
-            return t1 - t0, t3 - t2, n, push_bytes, sum(a.nbytes for _, a in parts)
-
-        for i in range(warmup):
-            one(i, i % 2)
-        settle()
-        rows = []
-        cpu0, t0 = cpu(), time.perf_counter()
-        for i in range(2 * rounds):
-            rows.append(one(i, i % 2))
-        spent, wall = cpu() - cpu0, time.perf_counter() - t0
+        handles = [role_actor().options(num_cpus=0, max_concurrency=1).remote(1, role, *args) for role, args in roles]
+        return body(handles)
     finally:
         ray.shutdown()
-        torch.set_num_threads(threads)
-    n = len(rows)
-    return {"cpu_s": spent / n, "wall_s": wall / n, "encode_s": sum(r[0] for r in rows) / n,
-            "load_s": sum(r[1] for r in rows) / n, "loaded": sum(r[2] for r in rows) / n,
-            "push_bytes": sum(r[3] for r in rows) / n, "answer_bytes": sum(r[4] for r in rows) / n,
-            "calls": shards, "rounds": n}
+
+
+def shard_client(handles: list, layout, replica_id: int, timeout_s: float = 60.0):
+    """A replica's client of shards ``handles`` (runtime/ray_runtime.py ``RayShardClient``), over the
+    object-store transport."""
+    from distbelief.runtime.ray_runtime import RayShardClient
+
+    return RayShardClient(handles, layout, replica_id, timeout_s, None, False, False)

@@ -673,13 +673,94 @@ def measure_call(rep: Effort, background: float, log: Log) -> dict[str, Any]:
                        for n, r, c in zip(sizes, runs, cpu)]}
 
 
+def compressed_rounds(shard_values: int, ratio: float, rounds: int, warmup: int, settle: Callable[[], Any]
+                      ) -> dict[str, Any]:
+    """Top-k pushes answered by delta fetches, as the replicas of a one-node run make them (the object-store
+    transport): two real parameter shard actors (Adagrad) of ``shard_values`` values each, and two replicas'
+    clients in this process taking turns, each round one push of a top-k part (``ErrorFeedback``, ``ratio`` of
+    the values) fused with its fetch of the values changed since its last (``push_fetch_async``), then the
+    answer written into its parameters (``Fetched.load_into``). ``settle()`` runs before the timed rounds.
+
+    Returns, per round, this process's CPU seconds (every thread: the caller's whole side of the calls), the
+    seconds spent encoding and loading, the values loaded, the bytes of the push and of the answers, and the
+    wall seconds; ``calls`` per round (one per shard)."""
+    import resource
+
+    import torch
+
+    from distbelief.compression import EncodedPush, ErrorFeedback, make_codec
+    from distbelief.ps.rules import make_rule
+    from distbelief.ps.shard import ParameterShard
+    from distbelief.ps.sharding import ShardLayout
+    from distbelief.runtime.probes import shard_client, with_actors
+
+    def cpu() -> float:
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime
+
+    total, shards = 2 * shard_values, 2
+    layout = ShardLayout.balanced(total, shards)
+    ranges = [layout.range(k) for k in range(shards)]
+    rng = np.random.default_rng(3)
+    grads = [torch.from_numpy(rng.standard_normal(total, dtype=np.float32) * np.float32(1e-3)) for _ in range(4)]
+    roles = [(ParameterShard, (k, lo, hi, np.zeros(hi - lo, np.float32), make_rule("adagrad", lr=1e-3), total))
+             for k, (lo, hi) in enumerate(ranges)]
+
+    def body(handles) -> dict[str, Any]:
+        clients = [shard_client(handles, layout, r) for r in range(2)]
+        feedback = [ErrorFeedback(make_codec("topk", ranges, None, ratio=ratio), total) for _ in range(2)]
+        flats = [torch.zeros(total) for _ in range(2)]
+        versions: list[list[int]] = [[0] * shards for _ in range(2)]
+
+        def load(r: int, parts, vs) -> int:
+            n = 0
+            for k, (lo, answer) in enumerate(parts):
+                clients[r].fetch_since[k] = (answer.token, vs[k])
+                answer.load_into(flats[r], lo)
+                n += len(answer.values)
+            versions[r] = vs
+            return n
+
+        for r in range(2):
+            clients[r].fetch_since = [("", -1)] * shards
+            load(r, *clients[r].fetch_async().result(60.0))
+
+        def one(i: int, r: int) -> tuple[float, float, int, int, int]:
+            t0 = time.perf_counter()
+            push = EncodedPush("topk", feedback[r].compress(grads[i % len(grads)]), ranges)
+            t1 = time.perf_counter()
+            parts, vs = clients[r].push_fetch_async(push, versions[r], 128).result(60.0)
+            t2 = time.perf_counter()
+            n = load(r, parts, vs)
+            t3 = time.perf_counter()
+            return (t1 - t0, t3 - t2, n, sum(idx.nbytes + v.nbytes for idx, v in push.parts),
+                    sum(a.nbytes for _, a in parts))
+
+        for i in range(warmup):
+            one(i, i % 2)
+        settle()
+        cpu0, t0 = cpu(), time.perf_counter()
+        rows = [one(i, i % 2) for i in range(2 * rounds)]
+        spent, wall, n = cpu() - cpu0, time.perf_counter() - t0, len(rows)
+        return {"cpu_s": spent / n, "wall_s": wall / n, "encode_s": sum(r[0] for r in rows) / n,
+                "load_s": sum(r[1] for r in rows) / n, "loaded": sum(r[2] for r in rows) / n,
+                "push_bytes": sum(r[3] for r in rows) / n, "answer_bytes": sum(r[4] for r in rows) / n,
+                "calls": shards, "rounds": n}
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as a replica with a core to itself
+    try:
+        return with_actors(roles, body)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def measure_compressed(rep: Effort, background: float, call: dict[str, Any], log: Log) -> dict[str, Any]:
     """The replica's side of top-k pushes answered by delta fetches, through real shards on one node and the
-    product's client (runtime/probes.py ``compressed_rounds``): ``delta_load_s_per_value``, writing an answer's
+    product's client (``compressed_rounds``): ``delta_load_s_per_value``, writing an answer's
     values into the parameters, per value; and ``encoded_call_cpu_s``, what each call (one per shard) costs the
     caller beyond encoding, loading, a plain call's half (``call_cpu_s``) and the halves of its objects that the
     simulator charges (``local_object_cpu_s``: the part and the answer when over Ray's inline limit)."""
-    from distbelief.runtime.probes import compressed_rounds
     from distbelief.simulate.workload import INLINE_BYTES
 
     r = compressed_rounds(rep.shard_values, DELTA_CHANGED, max(10, rep.call // 2), 2 * rep.warmup + 4,

@@ -15,6 +15,7 @@ from distbelief import train
 from distbelief.cli import build_parser, config_from_args
 from distbelief.metrics import TENSORBOARD_DIR, RunRecorder, tensorboard_scalars
 from distbelief.ps.sharding import ShardLayout
+from distbelief.testing import Faults
 from tests.conftest import make_odd_model
 
 PLAIN_TAGS = {"train_loss": "train/loss", "test_accuracy": "test/accuracy", "test_loss": "test/loss",
@@ -70,11 +71,18 @@ def check_event_files_match_metrics(run_dir, shards: int) -> list[dict]:
 
 
 def test_downpour_inprocess_writes_every_record_to_tensorboard(tmp_path, toy_data):
+    evaluations = []
+
+    def stop_after_three(driver, record):  # the run's length in evaluations, however fast this machine is
+        evaluations.append(record)
+        if len(evaluations) == 3:
+            driver.request_stop("three evaluations")
+
     res = train(make_odd_model, toy_data[0], toy_data[1], runtime="inprocess", replicas=2, shards=2,
-                max_seconds=1.5, eval_every_seconds=0.25, batch_size=8, tensorboard=True,
-                out=str(tmp_path / "run"), quiet=True)
+                max_steps=10**6, max_seconds=0, eval_every_seconds=0.25, batch_size=8, tensorboard=True,
+                hooks=Faults(on_evaluation=stop_after_three), out=str(tmp_path / "run"), quiet=True)
     recs = check_event_files_match_metrics(tmp_path / "run", shards=2)
-    assert len(recs) == len(res.metrics) >= 3
+    assert len(evaluations) >= 3 and len(recs) == len(res.metrics) >= 3
     assert recs[-1]["bytes_fetched"] >= len(recs) * 4 * N_PARAMS
 
 
