@@ -103,7 +103,7 @@ class Effort:
 
 # a shard of 1 Mi values (4 MiB, about a Fig. 4 shard's 1.14 M): what a shard's update costs depends on whether its
 # range stays in the caches, so it is timed at the size shards have in the runs it predicts
-FULL = Effort(step=15, shard=15, codec=7, call=200, objects=16, warmup=2, shard_values=2**20)
+FULL = Effort(step=15, shard=15, codec=7, call=200, objects=48, warmup=2, shard_values=2**20)
 QUICK = Effort(step=4, shard=4, codec=3, call=50, objects=5, warmup=1, shard_values=2**20)
 
 
@@ -281,14 +281,34 @@ def busy_seconds() -> float:
 
 
 def process_cpu_seconds(pids: Sequence[int]) -> float:
-    """User and system CPU seconds that processes ``pids`` have spent so far (/proc/PID/stat; the kernel's
-    work on their sockets, loopback included, is their system time)."""
-    ticks = 0
+    """CPU seconds that processes ``pids`` have spent so far, their kernel work on their sockets (loopback
+    included) too, every thread's (exited ones too): each process's CPU-time clock (``clock_getcpuclockid``,
+    nanoseconds), or, where that is not available, its user and system time in clock ticks (/proc/PID/stat:
+    10 ms, which over a few objects' worth of work rounds a cost per object by a third or more)."""
+    total = 0.0
     for pid in pids:
+        clock = _cpu_clock(pid)
+        if clock is not None:
+            total += time.clock_gettime(clock)
+            continue
         stat = Path(f"/proc/{pid}/stat").read_text()
         fields = stat[stat.rindex(")") + 2:].split()  # after the command name, which may hold spaces
-        ticks += int(fields[11]) + int(fields[12])  # utime and stime: fields 14 and 15 of the line
-    return ticks / os.sysconf("SC_CLK_TCK")
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime and stime
+    return total
+
+
+def _cpu_clock(pid: int) -> int | None:
+    """The id of process ``pid``'s CPU-time clock (POSIX ``clock_getcpuclockid``), or None where there is none."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        clock = ctypes.c_int()
+        if libc.clock_getcpuclockid(pid, ctypes.byref(clock)) != 0:
+            return None
+        return clock.value
+    except (OSError, AttributeError):
+        return None
 
 
 def busy_cores(window_s: float) -> float:
@@ -651,7 +671,8 @@ def measure_call(rep: Effort, background: float, log: Log) -> dict[str, Any]:
 
     def settle():
         wait_quiet(background)
-        idle.append(max(0.0, busy_cores(1.0) - background))  # Ray's own processes, nothing else running
+        # Ray's own processes, nothing else running: over 3 s (its periodic work comes in bursts)
+        idle.append(max(0.0, busy_cores(3.0) - background))
 
     def shard(n):
         return ParameterShard, (0, 0, n, np.zeros(n, np.float32), make_rule("sgd", lr=0.1), n), "fetch", (0,)

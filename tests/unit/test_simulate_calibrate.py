@@ -151,3 +151,32 @@ def test_median_time_runs_the_warmup_untimed_then_the_repeats():
     calls = []
     assert median_time(lambda: calls.append(1), repeats=5, warmup=2) >= 0
     assert len(calls) == 7
+
+
+def test_a_process_cpu_time_counts_every_thread_to_the_process_clock():
+    """``process_cpu_seconds`` of this process grows by what the process's own clock says it spent, a second
+    thread's work included, and finer than the 10 ms clock ticks (each cost per object is a difference of
+    these)."""
+    import os
+    import threading
+    import time
+
+    from distbelief.simulate.calibrate import process_cpu_seconds
+
+    def spin(n: int) -> None:
+        x = 0
+        for i in range(n):
+            x += i
+
+    spin(1000)
+    before, clock = process_cpu_seconds([os.getpid()]), time.process_time()
+    worker = threading.Thread(target=spin, args=(300_000,))
+    worker.start()
+    spin(300_000)
+    worker.join()
+    grew, spent = process_cpu_seconds([os.getpid()]) - before, time.process_time() - clock
+    assert spent > 0.01
+    assert grew == pytest.approx(spent, rel=0.1, abs=0.004)
+    small = process_cpu_seconds([os.getpid()])
+    spin(20_000)  # about a millisecond: far under one tick
+    assert 0 < process_cpu_seconds([os.getpid()]) - small < 0.01
