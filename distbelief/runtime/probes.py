@@ -225,13 +225,10 @@ def stream_cpu(values: int, count: int, timeout_s: float = 60.0) -> dict[str, fl
         replica.close()
 
 
-
 def with_actors(roles: Sequence[tuple[type, tuple]], body: Callable[[list], Any]) -> Any:
     """``body(handles)`` on one local Ray started as a local run starts it (``connect``), with one of the
-    runtime's role actors per ``(role, role_args)`` of ``roles`` (one call at a time each, as shards run), and
-    the client a replica of that runtime uses (``shard_client(handles, layout, replica_id)``: its transport
-    chosen as on a one-node cluster without the shared-memory plane: the object store). Ray is shut down when
-    ``body`` returns, on error too."""
+    runtime's role actors per ``(role, role_args)`` of ``roles`` (one call at a time each, as shards run; a
+    replica's client of them: ``shard_client``). Ray is shut down when ``body`` returns, on error too."""
     from distbelief.runtime.ray_runtime import connect, role_actor
 
     connect(num_cpus=2)

@@ -43,6 +43,7 @@ check a fit.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import itertools
 import os
 import platform
@@ -302,13 +303,19 @@ def _cpu_clock(pid: int) -> int | None:
     import ctypes
 
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
         clock = ctypes.c_int()
-        if libc.clock_getcpuclockid(pid, ctypes.byref(clock)) != 0:
+        if _libc().clock_getcpuclockid(pid, ctypes.byref(clock)) != 0:
             return None
         return clock.value
     except (OSError, AttributeError):
         return None
+
+
+@functools.lru_cache(maxsize=1)
+def _libc():
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True)
 
 
 def busy_cores(window_s: float) -> float:

@@ -176,7 +176,8 @@ class Costs:
             stream_cpu_s_per_byte=self.stream_cpu_s_per_byte * m,
             decode_s_per_value={k: v * m for k, v in self.decode_s_per_value.items()},
             delta_s_per_value=self.delta_s_per_value * m, sparse_push_s_per_value=self.sparse_push_s_per_value * m,
-            delta_log_s_per_value=self.delta_log_s_per_value * m, delta_load_s_per_value=self.delta_load_s_per_value * m)
+            delta_log_s_per_value=self.delta_log_s_per_value * m,
+            delta_load_s_per_value=self.delta_load_s_per_value * m)
 
     def measured_step(self, model: str, params: int, batch: int, fitted: float) -> float | None:
         """Seconds of one step (one thread) of ``model`` with ``params`` parameters at minibatch ``batch`` from

@@ -379,9 +379,9 @@ class DownpourRun:
     # ------------------------------------------------------------------ sync
     def _sync_loop(self):
         """Lockstep steps (downpour/sync.py): each free replica, called by the driver, fetches, computes and sends
-        its gradient parts (copies of its ranges) to the shards; the shards apply the mean of the first ``replicas`` computed from this step's parameters. A
-        replica still computing when its step is applied (a backup's late gradient is dropped) is not called
-        again until it answers."""
+        its gradient parts (copies of its ranges) to the shards; the shards apply the mean of the first
+        ``replicas`` computed from this step's parameters. A replica still computing when its step is applied (a
+        backup's late gradient is dropped) is not called again until it answers."""
         w, env, s, c = self.work, self.env, self.shards, self.costs
         started = len(self.steps)
         busy: dict[int, simpy.Process] = {}
