@@ -425,9 +425,8 @@ class ParameterShard(DurableShard, ReplicatedShard, VectorAlgebra, ShardTables):
         for grad in grads:
             grad, rows = grad if isinstance(grad, tuple) else (grad, None)
             grad, offset, wire = dense_push(grad, base, self.lo, self.hi)  # a compressed part: its range, decoded
-            g = as_tensor(grad)[max(0, self.lo - offset) : max(0, self.hi - offset)]
-            if offset > self.lo:  # starts after our range begins: not ours
-                g = g[:0]
+            start = self.lo - offset  # (negative: the gradient starts after our range begins, so it is not ours)
+            g = as_tensor(grad)[start : start + self.hi - self.lo] if start >= 0 else as_tensor(grad)[:0]
             if g.numel() == self.hi - self.lo:
                 self.bytes_pushed += g.numel() * g.element_size() if wire is None else wire
             if g.numel() != self.hi - self.lo or not all_finite(g) or not self._rows_acceptable(rows):

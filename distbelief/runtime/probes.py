@@ -60,7 +60,7 @@ def actor_call_costs(calls: Sequence[tuple[type, tuple, str, tuple]], repeats: i
             for _ in range(warmup):
                 ray.get(a.call.remote(method, *margs))
             times = []
-            cpu0, t0 = cpu(), time.perf_counter()
+            cpu0, t0 = time.process_time(), time.perf_counter()  # (this process's CPU, every thread's)
             for _ in range(repeats):
                 t = time.perf_counter()
                 ray.get(a.call.remote(method, *margs))
@@ -92,7 +92,7 @@ def fetch_times(producer, sizes: Sequence[int], count: int, cpu: Callable[[], fl
     for nbytes in sizes:
         # made and sealed there before any timing; at most 256 MiB at once (the probes' stores hold 512 MiB)
         refs = ray.get(producer.put.remote(nbytes, max(2, min(count, 2**28 // nbytes))))
-        cpu0, t0 = cpu(), time.perf_counter()
+        cpu0, t0 = time.process_time(), time.perf_counter()  # (this process's CPU, every thread's)
         for ref in refs:
             t = time.perf_counter()
             value = ray.get(ref)
@@ -191,8 +191,6 @@ def stream_cpu(values: int, count: int, timeout_s: float = 60.0) -> dict[str, fl
     pushes of ``values`` float32 values, each taken by the shard's end, then ``count`` fetch answers the other
     way. Returns the CPU seconds this process spent per byte moved (both ends' work together: gloo's TCP pairs,
     the copies each end makes) and the bytes per second."""
-    import resource
-
     from distbelief.runtime import streams
 
     _store, replica, shard = streams.loopback_pair(values, "calibrate", timeout_s)
@@ -204,14 +202,10 @@ def stream_cpu(values: int, count: int, timeout_s: float = 60.0) -> dict[str, fl
         shard.take_push(index, timeout_s)
         shard.applied(index)
 
-    def cpu() -> float:
-        r = resource.getrusage(resource.RUSAGE_SELF)
-        return r.ru_utime + r.ru_stime
-
     try:
         for _ in range(2):  # warm-up: the connection and the buffers
             push()
-        cpu0, t0 = cpu(), time.perf_counter()
+        cpu0, t0 = time.process_time(), time.perf_counter()  # (this process's CPU, every thread's)
         for _ in range(count):
             push()
         for _ in range(count):
@@ -219,7 +213,7 @@ def stream_cpu(values: int, count: int, timeout_s: float = 60.0) -> dict[str, fl
             shard.send_fetch(index, v, timeout_s)
             streams.wait(work, time.monotonic() + timeout_s, "fetch")
         moved = 2 * count * values * 4
-        return {"cpu_s_per_byte": (cpu() - cpu0) / moved, "bytes_per_s": moved / (time.perf_counter() - t0)}
+        return {"cpu_s_per_byte": (time.process_time() - cpu0) / moved, "bytes_per_s": moved / (time.perf_counter() - t0)}
     finally:
         shard.close()
         replica.close()

@@ -712,8 +712,6 @@ def compressed_rounds(shard_values: int, ratio: float, rounds: int, warmup: int,
     Returns, per round, this process's CPU seconds (every thread: the caller's whole side of the calls), the
     seconds spent encoding and loading, the values loaded, the bytes of the push and of the answers, and the
     wall seconds; ``calls`` per round (one per shard)."""
-    import resource
-
     import torch
 
     from distbelief.compression import EncodedPush, ErrorFeedback, make_codec
@@ -721,10 +719,6 @@ def compressed_rounds(shard_values: int, ratio: float, rounds: int, warmup: int,
     from distbelief.ps.shard import ParameterShard
     from distbelief.ps.sharding import ShardLayout
     from distbelief.runtime.probes import shard_client, with_actors
-
-    def cpu() -> float:
-        r = resource.getrusage(resource.RUSAGE_SELF)
-        return r.ru_utime + r.ru_stime
 
     total, shards = 2 * shard_values, 2
     layout = ShardLayout.balanced(total, shards)
@@ -767,9 +761,9 @@ def compressed_rounds(shard_values: int, ratio: float, rounds: int, warmup: int,
         for i in range(warmup):
             one(i, i % 2)
         settle()
-        cpu0, t0 = cpu(), time.perf_counter()
+        cpu0, t0 = time.process_time(), time.perf_counter()  # (this process's CPU, every thread's)
         rows = [one(i, i % 2) for i in range(2 * rounds)]
-        spent, wall, n = cpu() - cpu0, time.perf_counter() - t0, len(rows)
+        spent, wall, n = time.process_time() - cpu0, time.perf_counter() - t0, len(rows)
         return {"cpu_s": spent / n, "wall_s": wall / n, "encode_s": sum(r[0] for r in rows) / n,
                 "load_s": sum(r[1] for r in rows) / n, "loaded": sum(r[2] for r in rows) / n,
                 "push_bytes": sum(r[3] for r in rows) / n, "answer_bytes": sum(r[4] for r in rows) / n,
@@ -789,16 +783,14 @@ def measure_compressed(rep: Effort, background: float, call: dict[str, Any], log
     values into the parameters, per value; and ``encoded_call_cpu_s``, what each call (one per shard) costs the
     caller beyond encoding, loading, a plain call's half (``call_cpu_s``) and the halves of its objects that the
     simulator charges (``local_object_cpu_s``: the part and the answer when over Ray's inline limit)."""
-    from distbelief.simulate.workload import INLINE_BYTES
+    from distbelief.simulate.engine import local_object_cpu
 
     r = compressed_rounds(rep.shard_values, DELTA_CHANGED, max(10, rep.call // 2), 2 * rep.warmup + 4,
                           lambda: wait_quiet(background))
     calls = r["calls"]
 
     def half(nbytes: float) -> float:  # the caller's half of one object, as the simulator charges it
-        if nbytes <= INLINE_BYTES:
-            return 0.0
-        return (call["local_object_cpu_s"] + nbytes * call["local_object_cpu_s_per_byte"]) / 2
+        return local_object_cpu(nbytes, call["local_object_cpu_s"], call["local_object_cpu_s_per_byte"]) / 2
 
     per_call = (r["cpu_s"] - r["encode_s"] - r["load_s"]) / calls
     charged = call["call_cpu_s"] / 2 + half(r["push_bytes"] / calls) + half(r["answer_bytes"] / calls)

@@ -30,6 +30,12 @@ from distbelief.simulate.machines import Machines
 from distbelief.simulate.workload import INLINE_BYTES
 
 
+def local_object_cpu(nbytes: float, fixed_s: float, per_byte_s: float) -> float:
+    """The CPU of one call argument or reply of ``nbytes`` through one node's object store, both ends together
+    (``Costs.local_object_cpu_s`` and ``local_object_cpu_s_per_byte``); 0 for one Ray sends inline."""
+    return fixed_s + nbytes * per_byte_s if nbytes > INLINE_BYTES else 0.0
+
+
 class World:
     def __init__(self, env: simpy.Environment, machines: Machines, costs: Costs):
         self.env, self.machines, self.costs = env, machines, costs
@@ -97,7 +103,7 @@ class World:
             return
         if src == dst:
             if object_store and nbytes > INLINE_BYTES:  # put by the sender, read by the receiver: CPU at both ends
-                half = (c.local_object_cpu_s + nbytes * c.local_object_cpu_s_per_byte) / 2
+                half = local_object_cpu(nbytes, c.local_object_cpu_s, c.local_object_cpu_s_per_byte) / 2
                 yield from self.cpu(src, half)
                 yield from self.cpu(dst, half)
             return
