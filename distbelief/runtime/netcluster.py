@@ -20,8 +20,11 @@ the delay (the round trip twice it). Traffic stays on private addresses inside n
 
 A job joins with ``--address HEAD:6379`` exactly as on a real cluster, from a process on a node, as Ray requires
 of a driver (it attaches to a raylet of its own host): ``ip netns exec dbnet-n0 distbelief train --address
-10.77.0.10:6379``. The joining nodes run ``RAY_AUTH_MODE=token ray start --address=...``: the head turns token
-authentication on, and Ray 2.60's ``ray start --address`` only sends the token when that variable is set.
+10.77.0.10:6379``. Every node's ``ray start`` runs with ``RAY_AUTH_MODE=token``: the head then turns token
+authentication on (without it, it does so only where the machine already has a token), and Ray 2.60's
+``ray start --address`` only sends the token when that variable is set. A machine with no token yet (none in
+``RAY_AUTH_TOKEN`` or ``~/.ray/auth_token``: no local Ray has run here) gets one first, from Ray's own ``ray
+get-auth-token --generate``; the head with the mode set and no token refuses to start.
 
 State (namespaces, links, the pid of every ``ray start --block``) is written to ``STATE_DIR`` before anything is
 made, so ``down`` (or the next ``up``) removes what a crashed or killed ``up`` left; ``up`` itself removes what it
@@ -46,6 +49,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from distbelief.exceptions import ConfigError, DistBeliefError
+from distbelief.runtime.ray_notice import token_path, token_present
 
 STATE_DIR = Path("/run/distbelief")
 DEFAULT_NAME = "dbnet"
@@ -449,9 +453,24 @@ def _ray_start_command(c: Cluster, n: Node) -> list[str]:
 
 def _ray_env(n: Node) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS",)}
-    if n.index > 0:
-        env["RAY_AUTH_MODE"] = "token"  # Ray 2.60: a joining `ray start` sends the token only with this set
+    # the head: authentication on whether or not a token was here before (``_ensure_token`` made sure of one);
+    # a joining node (Ray 2.60): `ray start --address` sends the token only with this set
+    env["RAY_AUTH_MODE"] = "token"
     return env
+
+
+def _ensure_token(log: Log) -> None:
+    """A token for the cluster: the one this machine has, else a new one from Ray's own command (a fresh machine
+    where no local Ray has run has none, and a head started with ``RAY_AUTH_MODE=token`` refuses to start)."""
+    if token_present():
+        return
+    r = subprocess.run([_ray_exe(), "get-auth-token", "--generate"], stdin=subprocess.DEVNULL,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=120)
+    if r.returncode != 0 or not token_present():
+        raise NetClusterError(f"no Ray token on this machine and `ray get-auth-token --generate` could not make one "
+                              f"(status {r.returncode}): {r.stderr.strip()[-500:]}")
+    log(f"no Ray token on this machine: made one at {token_path()} (`ray get-auth-token --generate`); the "
+        f"cluster's nodes and its jobs use it")
 
 
 def _start_node(c: Cluster, n: Node, procs: dict) -> None:
@@ -537,6 +556,7 @@ def _start_ray(c: Cluster, timeout_s: float, log: Log) -> None:
     """The head, then (once its GCS listens) every other node, all at once; then wait until all joined."""
     procs: dict = {}
     deadline = time.monotonic() + timeout_s
+    _ensure_token(log)
     _start_node(c, c.nodes[0], procs)
     head = c.nodes[0]
 

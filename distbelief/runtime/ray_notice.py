@@ -32,6 +32,16 @@ NOTICE = ("[distbelief] note (shown once per machine): Ray protects the Ray inst
           "authentication\". RAY_AUTH_MODE=disabled turns it off (then anyone who can reach the ports can run code).")
 
 
+def token_path() -> Path:
+    """Where Ray looks for this machine's token file: ``RAY_AUTH_TOKEN_PATH``, else ``~/.ray/auth_token``."""
+    return Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+
+
+def token_present() -> bool:
+    """Whether Ray finds a token here: ``RAY_AUTH_TOKEN`` set, or the file ``token_path()`` names."""
+    return bool(os.environ.get("RAY_AUTH_TOKEN")) or token_path().is_file()
+
+
 def marker_path() -> Path:
     return Path(os.environ.get("DISTBELIEF_CACHE", Path.home() / ".cache" / "distbelief")) / MARKER
 

@@ -22,7 +22,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from distbelief.exceptions import ClusterUnreachableError, ConfigError, RemoteTimeoutError, RoleFailedError
-from distbelief.runtime import forwarded, shm, streams, transports
+from distbelief.runtime import forwarded, ray_notice, shm, streams, transports
 from distbelief.runtime.base import Future, Role, Runtime, ShardClient, SplitFuture, _Mapped, part_values
 from distbelief.runtime.clocks import ClockGate
 from distbelief.runtime.partition_ray import create_ray_partition_group, kill_ray_partition
@@ -42,8 +42,8 @@ def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
             pass
     except OSError as e:
         raise ClusterUnreachableError(
-            f"no Ray cluster reachable at --address {address}: {e}. Start one with `ray start --head "
-            f"--port={port}` on that host, or omit --address to run locally."
+            f"no Ray cluster reachable at --address {address}: {e}. Start one with `RAY_AUTH_MODE=token ray "
+            f"start --head --port={port}` on that host (docs/cluster.md), or omit --address to run locally."
         ) from None
 
 
@@ -72,7 +72,8 @@ def started_locally() -> bool:
 def use_token_if_available() -> bool:
     """Token authentication for joining a cluster with ``--address``, the way a local Ray does it.
 
-    ``ray start --head`` (Ray >= 2.59) turns token authentication on, and ``ray start`` and a local ``ray.init()``
+    ``ray start --head`` (Ray >= 2.59) turns token authentication on where the machine has a token (a local
+    ``ray.init()`` makes one on first use; ``ray get-auth-token --generate`` does too), and ``ray start`` and a local ``ray.init()``
     use the token found in ``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``; but Ray's
     ``ray.init(address=...)`` does not look unless ``RAY_AUTH_MODE=token`` is set, and without it the cluster
     refuses the connection. So: when the mode is unset and a token is there, use it. An explicit
@@ -80,8 +81,7 @@ def use_token_if_available() -> bool:
     mode = os.environ.get("RAY_AUTH_MODE")
     if mode is not None:
         return mode.lower() == "token"
-    token_file = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.join(os.path.expanduser("~"), ".ray", "auth_token")
-    if not (os.environ.get("RAY_AUTH_TOKEN") or os.path.isfile(token_file)):
+    if not ray_notice.token_present():
         return False
     try:  # Ray's own switch (it also refreshes Ray's cached configuration); pinned Ray version
         from ray._private.authentication.authentication_token_setup import (
@@ -99,8 +99,6 @@ def connect(address: str | None = None, num_cpus: int | None = None) -> None:
     global _local_node_id
     if ray.is_initialized():
         return
-    from distbelief.runtime import ray_notice
-
     ray_notice.install()  # Ray's token-authentication notice: once per machine, in our words
     common = dict(logging_level="WARNING", log_to_driver=True, configure_logging=True)
     if address:

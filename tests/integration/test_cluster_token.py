@@ -1,5 +1,6 @@
-"""Joining a token-authenticated cluster started the documented way (`ray start --head`) with `--address`, with
-nothing else set: no RAY_AUTH_MODE in the environment. The head is started and stopped by the test, on loopback."""
+"""Joining a token-authenticated cluster started the documented way (docs/cluster.md: `ray get-auth-token
+--generate`, then `RAY_AUTH_MODE=token ray start --head`) with `--address`, with nothing else set: no RAY_AUTH_MODE
+in the driver's environment. The head is started and stopped by the test, on loopback."""
 
 import json
 import os
@@ -38,9 +39,11 @@ def _wait_listening(port: int, timeout_s: float) -> None:
 def test_address_joins_a_cluster_started_with_ray_start_head(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}  # nothing but what a user has
     port = _free_port()
+    subprocess.run([RAY, "get-auth-token", "--generate"], env=env, stdout=subprocess.DEVNULL, check=True, timeout=60)
     head = subprocess.Popen([RAY, "start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1",
                              "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats", "--block"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "head.log", "w"))
+                            env={**env, "RAY_AUTH_MODE": "token"}, stdout=subprocess.DEVNULL,
+                            stderr=open(tmp_path / "head.log", "w"))
     try:
         _wait_listening(port, 90)
         out = tmp_path / "run"
@@ -50,6 +53,7 @@ def test_address_joins_a_cluster_started_with_ray_start_head(tmp_path):
                            env=env, capture_output=True, text=True, timeout=240)
         assert r.returncode == 0, r.stderr[-3000:]
         assert "InvalidAuthToken" not in r.stderr
+        assert "Token authentication is disabled" not in (tmp_path / "head.log").read_text()
         summary = json.loads((out / "summary.json").read_text())
         assert summary["runtime"] == "ray" and summary["steps_per_replica"] == [30]
     finally:

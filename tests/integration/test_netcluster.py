@@ -116,6 +116,21 @@ def test_rates_and_delays_parse_as_tc_writes_them():
     assert c.address == "10.77.0.10:6379" and [n.netns for n in c.nodes][-1] == "dbplan-n3"
 
 
+def test_a_machine_without_a_ray_token_gets_one_before_the_head_starts(tmp_path, monkeypatch):
+    """A fresh machine (no local Ray has run: no ~/.ray/auth_token) had its head start with authentication off
+    and every joining node fail; `up` now makes the token first, with Ray's own command, and keeps one it finds."""
+    for var in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    said = []
+    nc._ensure_token(said.append)
+    token = (tmp_path / ".ray" / "auth_token").read_text().strip()
+    assert len(token) >= 32 and len(said) == 1 and str(tmp_path / ".ray" / "auth_token") in said[0]
+    nc._ensure_token(said.append)
+    assert (tmp_path / ".ray" / "auth_token").read_text().strip() == token and len(said) == 1
+    assert nc._ray_env(nc.plan("dbtok", nodes=2).nodes[0])["RAY_AUTH_MODE"] == "token"
+
+
 # ------------------------------------------------------------------------------------------ Linux and root
 
 
