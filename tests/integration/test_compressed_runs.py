@@ -94,7 +94,7 @@ def test_on_ray_a_compressed_step_is_one_call_per_shard_and_equals_the_in_proces
     for runtime in ("inprocess", "ray"):
         # threads=1: the Ray replica would get both cores' torch threads (one replica on 2 cores), and a
         # two-thread matrix product sums in another order than the in-process run's one thread (here: the
-        # output layer's gradient differed in its last bits on an AMD EPYC host, not on the Intel one before it)
+        # output layer's gradient differed in its last bits on an AMD EPYC host, not on yesterday's Intel)
         cfg = RunConfig(runtime=runtime, replicas=1, shards=2, threads=1, max_steps=25, max_seconds=0,
                         eval_every_seconds=3600, num_samples=4000, durability="off", compress="topk",
                         compress_ratio=0.02, compress_fetch="delta", overlap=False,
