@@ -81,10 +81,13 @@ def pytest_runtest_teardown(item, nextitem):
             ray.shutdown()
 
 
-# The quick set (`-m "not slow"`) must stay quick: a test that starts Ray or takes longer than this (its setup and
-# its call) must be marked slow. A test breaking the rule fails here, naming the rule, so the quick set cannot
-# silently grow; mark it `@pytest.mark.slow` or make it faster.
+# The quick set (`-m "not slow"`) must stay quick. A test not marked slow that leaves Ray running fails here, naming
+# the rule (starting Ray alone takes seconds). One that takes longer than this (its setup and its call) is named at
+# the end of the run, under "quick-set rule", but does not fail: this machine's speed changes from day to day (2.3
+# times between two days here), and a rule on wall time would fail the suite on a slow day for a test that did not
+# change. Mark a test named there `@pytest.mark.slow` or make it faster.
 QUICK_TEST_LIMIT_S = float(os.environ.get("DISTBELIEF_QUICK_TEST_LIMIT_S", "5"))  # (the rule's own test lowers it)
+_OVER_LIMIT: list[tuple[str, float]] = []
 
 
 def _ray_running() -> bool:
@@ -100,16 +103,23 @@ def pytest_runtest_makereport(item, call):
     if call.when != "call" or not report.passed or item.get_closest_marker("slow") is not None:
         return report
     spent = item.stash.get(_SETUP_S, 0.0) + report.duration
-    broken = []
-    if _ray_running():
-        broken.append("it starts Ray")
     if spent > QUICK_TEST_LIMIT_S:
-        broken.append(f"it took {spent:.1f}s (setup + call), over the quick set's {QUICK_TEST_LIMIT_S:g}s per test")
-    if broken:
+        _OVER_LIMIT.append((item.nodeid, spent))
+    if _ray_running():
         report.outcome = "failed"
-        report.longrepr = (f"{item.nodeid} is not marked slow but {' and '.join(broken)}: mark it "
-                           f"@pytest.mark.slow (tests/conftest.py, QUICK_TEST_LIMIT_S) or make it quicker")
+        report.longrepr = (f"{item.nodeid} is not marked slow but it starts Ray: mark it @pytest.mark.slow "
+                           f"(tests/conftest.py, the quick-set rule)")
     return report
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _OVER_LIMIT:
+        terminalreporter.section("quick-set rule")
+        terminalreporter.write_line(f"not marked slow, and over the quick set's {QUICK_TEST_LIMIT_S:g}s per test "
+                                    f"(setup + call) on this machine: mark them @pytest.mark.slow or make them "
+                                    f"quicker (tests/conftest.py)")
+        for nodeid, spent in _OVER_LIMIT:
+            terminalreporter.write_line(f"  {spent:5.1f}s {nodeid}")
 
 
 _SETUP_S = pytest.StashKey[float]()
