@@ -27,6 +27,16 @@ def ray_connected() -> bool:
     return ray.is_initialized()
 
 
+def on_local_ray(body: Callable[[], Any]) -> Any:
+    """``body()`` (runs that start this process's local Ray themselves, as ``train`` does), then Ray shut down,
+    on error too: a run leaves its Ray instance up for the next run of the process, and the calibration's next
+    measurement starts its own."""
+    try:
+        return body()
+    finally:
+        ray.shutdown()
+
+
 def ray_version() -> str:
     return ray.__version__
 

@@ -100,12 +100,15 @@ class Effort:
     objects: int  # objects fetched per size
     warmup: int
     shard_values: int
+    layout_s: float = 8.0  # seconds of training per Downpour run of ``measure_layout``
+    layout_rounds: int = 2  # runs of each layout, in turns
 
 
 # a shard of 1 Mi values (4 MiB, about a Fig. 4 shard's 1.14 M): what a shard's update costs depends on whether its
 # range stays in the caches, so it is timed at the size shards have in the runs it predicts
 FULL = Effort(step=15, shard=15, codec=7, call=200, objects=48, warmup=2, shard_values=2**20)
-QUICK = Effort(step=4, shard=4, codec=3, call=50, objects=5, warmup=1, shard_values=2**20)
+QUICK = Effort(step=4, shard=4, codec=3, call=50, objects=5, warmup=1, shard_values=2**20, layout_s=2.0,
+               layout_rounds=1)
 
 
 # ------------------------------------------------------------------------------------------------------ fits
@@ -490,6 +493,61 @@ def measure_contention(rep: Effort, log: Log) -> dict[str, Any] | None:
     log(f"co-located step, speech-tiny batch 128: gradient {alone_c * 1e3:.2f} ms alone, {both_c * 1e3:.2f} ms "
         f"with all {cores} cores stepping (contention {out['contention']:.2f}); push and copy of {n:,} values "
         f"{alone_m * 1e3:.2f} ms alone, {both_m * 1e3:.2f} ms together ({out['memory_contention']:.2f})")
+    return out
+
+
+# The Fig. 4 model's Downpour run of ``measure_layout``: its task with fewer examples (the data's size does not
+# change a step) and one evaluation, at the end, of a few hundred
+LAYOUT_RUN = {"task": "speech", "model": "speech-tiny", "num_classes": 8192, "class_prior": 1.0,
+              "num_samples": 20000, "batch_size": 128, "replicas": 2, "shards": 2, "eval_every_seconds": 3600.0,
+              "eval_samples": 500, "train_eval_samples": 0, "durability": "off", "seed": 0}
+
+
+def measure_layout(rep: Effort, log: Log) -> dict[str, Any] | None:
+    """How much slower a replica's step is when the shards run in processes of their own beside it, every push
+    and fetch a Ray call (compressed runs; runs whose shards are on other nodes sharing these cores), than when
+    the replicas apply their pushes to the shards' memory themselves (the one-node default: co-located). Real
+    Downpour runs of the Fig. 4 model (``LAYOUT_RUN``: 2 replicas x 2 shards on a local Ray instance, for
+    ``layout_s`` seconds each), the two layouts in turns, ``layout_rounds`` each; a run's step is its replicas'
+    compute time (the minibatch and the gradient) over their steps. ``separate_process_slowdown``: the median
+    step apart over the median step co-located (at least 1). Both layouts have the replicas beside each other,
+    so the ratio leaves ``contention`` out. Measured here (2 cores): 1.2 to 1.35; the cause is not known (the
+    machine is not saturated, and no process beside a step alone slows it as much: benchmarks/RESULTS.md). None
+    on one core."""
+    import tempfile
+
+    from distbelief.api import train_task
+    from distbelief.config import config_from
+    from distbelief.runtime.probes import on_local_ray
+    from distbelief.runtime.ray_runtime import RayRuntime
+
+    if (os.cpu_count() or 1) < 2:
+        return None
+    steps: dict[str, list[float]] = {"colocated": [], "separate": []}
+
+    def runs(tmp: str) -> None:
+        for i in range(rep.layout_rounds):
+            for layout in steps:
+                cfg = config_from({**LAYOUT_RUN, "max_seconds": rep.layout_s, "out": f"{tmp}/{layout}{i}"})
+                together = layout == "colocated"
+                runtime = RayRuntime(remote_timeout_s=cfg.remote_timeout_s, use_shm=together, colocate=together)
+                try:
+                    res = train_task(cfg.normalized(), quiet=True, runtime=runtime)
+                finally:
+                    runtime.shutdown()
+                got = res.summary.get("replicas_colocated", 0)
+                if got != (2 if together else 0):
+                    raise RuntimeError(f"the {layout} layout run had {got} co-located replicas")
+                step = res.metrics[-1]["replica_compute_s"] / max(1, sum(res.summary["steps_per_replica"]))
+                steps[layout].append(step)
+                log(f"Downpour 2 x 2, speech-tiny batch 128, shards {layout}: a step {step * 1e3:.2f} ms in the run")
+
+    with tempfile.TemporaryDirectory(prefix="distbelief-layout-") as tmp:
+        on_local_ray(lambda: runs(tmp))
+    apart, together = (statistics.median(steps[k]) for k in ("separate", "colocated"))
+    out = {"run": LAYOUT_RUN, "seconds": rep.layout_s, "steps_s": steps,
+           "separate_process_slowdown": max(1.0, apart / together)}
+    log(f"shards in processes of their own: a replica's step {apart / together:.2f} times its co-located time")
     return out
 
 
@@ -938,6 +996,7 @@ def calibrate(path: str | Path | None = None, *, links: bool = False, quick: boo
     call = measure_call(rep, background, log)
     compressed = measure_compressed(rep, background, call, log)
     objstore = measure_objstore(rep, background, log)
+    layout = measure_layout(rep, log)
     costs = Costs(
         machine=machine_name(), date=dt.date.today().isoformat(), cpus=os.cpu_count() or 1, **compute,
         step_measured=step_table(steps, own),
@@ -945,6 +1004,7 @@ def calibrate(path: str | Path | None = None, *, links: bool = False, quick: boo
         call_cpu_s=call["call_cpu_s"], local_object_cpu_s=call["local_object_cpu_s"],
         local_object_cpu_s_per_byte=call["local_object_cpu_s_per_byte"], ray_idle_cores=call["ray_idle_cores"],
         contention=sharing["contention"] if sharing else 1.0,
+        separate_process_slowdown=layout["separate_process_slowdown"] if layout else 1.0,
         copy_bytes_per_s=COPY_BYTES / copy, objstore_call_s=objstore["call_s"],
         objstore_bytes_per_s=objstore["bytes_per_s"], objstore_cpu_s_per_byte=objstore["cpu_s_per_byte"],
         objstore_cpu_s=objstore["cpu_s"],
@@ -959,6 +1019,7 @@ def calibrate(path: str | Path | None = None, *, links: bool = False, quick: boo
         "steps": steps_record,
         "threads": scaling,  # None: one core, thread_efficiency is the default
         "contention": sharing,  # None: one core
+        "layout": layout,  # None: one core
         "shard_values": n, "update_s": updates, "delta_s": delta, "delta_changed": DELTA_CHANGED,
         "sparse": sparse,
         "copy": {"bytes": COPY_BYTES, "seconds": copy},

@@ -14,7 +14,9 @@ How the simulator uses them:
   (a seeded lognormal draw), as real steps do; a model whose step the calibration timed (``step_measured``)
   takes its own measured time instead of the fit's; a step that starts while other computations hold the node's
   other cores runs up to ``contention`` times slower (memory bus and caches shared: all cores busy gives the
-  full factor, one other of three a third of it);
+  full factor, one other of three a third of it); and ``separate_process_slowdown`` times slower again where the
+  replica's shards are not co-located with it but run in processes of their own on the same cores (measured in
+  real Downpour runs; replicas on machines of their own, as at the paper's scale, do not pay it);
 - Ray's own processes (raylet, GCS, agents) keep ``ray_idle_cores`` of every node busy: every CPU job on a
   node takes ``cores / (cores - ray_idle_cores * nodes on those cores)`` times longer;
 - a shard's update of ``n`` values: ``n * update_s_per_value[rule]``; a Ray actor call costs ``call_cpu_s`` of
@@ -65,6 +67,9 @@ class Costs:
     thread_efficiency: float = 0.8  # each thread beyond a replica's first adds this share of one thread's rate
     compute_cv: float = 0.03  # step-to-step variation of a replica's compute time (standard deviation / mean)
     contention: float = 1.0  # a step's time when every core of its node computes at once, over its time alone
+    # a step's time when the shards run in processes of their own on the replica's cores (every push and fetch a
+    # Ray call), over its time when the replicas apply their pushes to the shards' memory (co-located)
+    separate_process_slowdown: float = 1.0
     # a model's own step, timed (one thread): "model:parameters" -> {batch size: seconds} (``measured_step``)
     step_measured: dict[str, dict[str, float]] = field(default_factory=dict)
     # parameter shards
@@ -139,6 +144,9 @@ class Costs:
             raise ConfigError("costs", f"{source}: thread_efficiency must be in [0, 1], got {self.thread_efficiency!r}")
         if not self.contention >= 1:
             raise ConfigError("costs", f"{source}: contention must be >= 1, got {self.contention!r}")
+        if not self.separate_process_slowdown >= 1:
+            raise ConfigError("costs", f"{source}: separate_process_slowdown must be >= 1, got "
+                                       f"{self.separate_process_slowdown!r}")
         if not self.ray_idle_cores >= 0:
             raise ConfigError("costs", f"{source}: ray_idle_cores must be >= 0, got {self.ray_idle_cores!r}")
         if not 0 <= self.compute_cv < 1:

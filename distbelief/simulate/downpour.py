@@ -117,6 +117,12 @@ class DownpourRun:
         # shard 0 is simulated call by call; a replica's link still carries every shard's part.
         self.representative = representative and not self.colocated and work.shards > 1
         self.modelled = [0] if self.representative else list(range(work.shards))
+        # a replica whose shards run in processes of their own on its cores (not co-located) steps slower
+        # (Costs.separate_process_slowdown); one on cores no shard uses does not
+        shard_pools = {self.world.pool_of[n] for n in shard_nodes}
+        self.step_factor = [costs.separate_process_slowdown
+                            if not self.colocated and self.world.pool_of[n] in shard_pools else 1.0
+                            for n in self.replica_nodes]
         self.others = work.shards - len(self.modelled)  # shards whose parts only occupy the replica's links
         flat = [n for g in self.groups for n in g]
         self.threads = replica_threads(work, machines, len(flat), flat)
@@ -311,7 +317,8 @@ class DownpourRun:
     def _compute(self, r: int):
         """A step's compute; a model-parallel replica's partitions are busy on their nodes for all of it."""
         t = self.env.now
-        step = self.step_s * self.work.slow.get(r, 1.0) * jitter(self.rng, self.costs.compute_cv) + self.encode_s
+        step = (self.step_s * self.work.slow.get(r, 1.0) * jitter(self.rng, self.costs.compute_cv)
+                + self.encode_s) * self.step_factor[r]
         if len(self.groups[r]) == 1:
             yield from self.world.cpu(self.replica_nodes[r], step, compute=True)
         else:

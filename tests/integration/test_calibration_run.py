@@ -71,12 +71,17 @@ def test_quick_calibration_measures_every_cost_and_reads_back(tmp_path):
     c = m["compressed"]
     assert c["loaded"] > 0 and c["push_bytes"] > 0 and c["answer_bytes"] > 0 and c["rounds"] >= 20
     assert costs.encoded_call_cpu_s == max(0.0, c["per_call_cpu_s"] - c["charged_s"])
+    # real Downpour runs, shards co-located and in processes of their own: a step each, and their ratio
+    layout = m["layout"]
+    assert [len(layout["steps_s"][k]) for k in ("colocated", "separate")] == [1, 1]
+    apart, together = layout["steps_s"]["separate"][0], layout["steps_s"]["colocated"][0]
+    assert together > 0 and costs.separate_process_slowdown == max(1.0, apart / together)
 
     assert Costs.from_json(json.loads(path.read_text()), str(path)) == costs
     # one line per measurement: every step, one with 1 and 2 threads, the 42M model's own, their fit; the
     # co-located steps alone and beside another; 2 rules; 4 schemes; the compressed calls; 3 object sizes and
-    # their fit
+    # their fit; a Downpour run per layout and their ratio
     counts = {"step ": steps + 1 + 1 + 1, "co-located step": 1, "thread efficiency": 1, "shard update": 2,
               "delta fetch": 1, "sparse push": 1, "copy": 1, "stream": 1, "compression": 4, "Ray actor call": 1,
-              "object store": 3 + 1, "compressed calls": 1}
+              "object store": 3 + 1, "compressed calls": 1, "Downpour 2 x 2": 2, "shards in processes": 1}
     assert {k: sum(line.startswith(k) for line in lines) for k in counts} == counts
