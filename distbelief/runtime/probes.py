@@ -70,7 +70,7 @@ def actor_call_costs(calls: Sequence[tuple[type, tuple, str, tuple]], repeats: i
             for _ in range(warmup):
                 ray.get(a.call.remote(method, *margs))
             times = []
-            cpu0, t0 = time.process_time(), time.perf_counter()  # (this process's CPU, every thread's)
+            cpu0, t0 = cpu(), time.perf_counter()  # (the caller's clock: ``cpu_s`` is what it grew by)
             for _ in range(repeats):
                 t = time.perf_counter()
                 ray.get(a.call.remote(method, *margs))
@@ -102,7 +102,7 @@ def fetch_times(producer, sizes: Sequence[int], count: int, cpu: Callable[[], fl
     for nbytes in sizes:
         # made and sealed there before any timing; at most 256 MiB at once (the probes' stores hold 512 MiB)
         refs = ray.get(producer.put.remote(nbytes, max(2, min(count, 2**28 // nbytes))))
-        cpu0, t0 = time.process_time(), time.perf_counter()  # (this process's CPU, every thread's)
+        cpu0, t0 = cpu(), time.perf_counter()  # (the caller's clock, as it is read after)
         for ref in refs:
             t = time.perf_counter()
             value = ray.get(ref)

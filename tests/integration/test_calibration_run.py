@@ -67,6 +67,11 @@ def test_quick_calibration_measures_every_cost_and_reads_back(tmp_path):
     assert len(m["steps"]) == steps and len(m["objstore"]) == 3 and m["quick"] is True
     assert m["contention"]["contention"] == costs.contention >= 1
     assert costs.compute_cv > 0 and m["threads"]["efficiency"] == costs.thread_efficiency  # 2 cores or more
+    # CPU that this machine could have spent: no more than its cores over the wall time it was timed for (a
+    # probe that read two different clocks once put a call's CPU at 27.7 s for a call of 1.4 ms)
+    for rec in m["call"]:
+        assert 0 <= rec["cpu_s"] <= costs.cpus * 3 * rec["seconds"] + 0.01, rec
+    assert costs.objstore_cpu_s <= costs.cpus * 3 * costs.objstore_call_s + 0.01
     # the compressed calls: values loaded, and the call's cost beyond what the simulator charges elsewhere
     c = m["compressed"]
     assert c["loaded"] > 0 and c["push_bytes"] > 0 and c["answer_bytes"] > 0 and c["rounds"] >= 20
