@@ -75,9 +75,8 @@ def use_token_if_available() -> bool:
     ``ray start --head`` (Ray >= 2.59) turns token authentication on where the machine has a token (a local
     ``ray.init()`` makes one on first use; ``ray get-auth-token --generate`` does too), and ``ray start`` and a
     local ``ray.init()`` use the token found in ``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or
-    ``~/.ray/auth_token``; but Ray's
-    ``ray.init(address=...)`` does not look unless ``RAY_AUTH_MODE=token`` is set, and without it the cluster
-    refuses the connection. So: when the mode is unset and a token is there, use it. An explicit
+    ``~/.ray/auth_token``; but Ray's ``ray.init(address=...)`` does not look unless ``RAY_AUTH_MODE=token`` is
+    set, and without it the cluster refuses the connection. So: when the mode is unset and a token is there, use it. An explicit
     ``RAY_AUTH_MODE`` is respected. True when token authentication is on."""
     mode = os.environ.get("RAY_AUTH_MODE")
     if mode is not None:
