@@ -451,7 +451,7 @@ def _ray_start_command(c: Cluster, n: Node) -> list[str]:
     return cmd[:2] + [f"--address={c.address}"] + cmd[2:]
 
 
-def _ray_env(n: Node) -> dict:
+def _ray_env() -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS",)}
     # the head: authentication on whether or not a token was here before (``_ensure_token`` made sure of one);
     # a joining node (Ray 2.60): `ray start --address` sends the token only with this set
@@ -476,7 +476,7 @@ def _ensure_token(log: Log) -> None:
 def _start_node(c: Cluster, n: Node, procs: dict) -> None:
     n.log = str(STATE_DIR / f"netcluster-{c.name}-n{n.index}.log")
     with open(n.log, "w") as out:
-        p = subprocess.Popen(["ip", "netns", "exec", n.netns] + _ray_start_command(c, n), env=_ray_env(n),
+        p = subprocess.Popen(["ip", "netns", "exec", n.netns] + _ray_start_command(c, n), env=_ray_env(),
                              stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                              start_new_session=True)  # a Ctrl-C at the terminal reaches `up`, which cleans up
     n.pid = p.pid

@@ -536,7 +536,7 @@ def measure_layout(rep: Effort, log: Log) -> dict[str, Any] | None:
                 finally:
                     runtime.shutdown()
                 got = res.summary.get("replicas_colocated", 0)
-                if got != (2 if together else 0):
+                if got != (LAYOUT_RUN["replicas"] if together else 0):
                     raise RuntimeError(f"the {layout} layout run had {got} co-located replicas")
                 step = res.metrics[-1]["replica_compute_s"] / max(1, sum(res.summary["steps_per_replica"]))
                 steps[layout].append(step)
