@@ -86,10 +86,12 @@ class ServerShards:
         self.backups: list[Role | None] = [None] * cfg.shards
         self.spares: list[Role | None] = [None] * cfg.shards  # a started, blank next backup for each shard
         self._starting: dict[int, Role] = {}  # backups placed with the shards, attached once both are up
-        if self.replicate:  # placed now, so that their processes start with the shards' (and the spares' too)
+        # Backups are placed now, so that their processes start with the shards'. The spares are not: the
+        # trainer places them once its replicas are built (place_spares), so that the replicas' processes, which
+        # the first step waits for, do not queue behind processes that only a failover needs.
+        if self.replicate:
             for k in range(cfg.shards):
                 self._starting[k] = runtime.create_backup(k, self._blank(k), away_from=self.roles[k])
-                self.spares[k] = runtime.create_backup(k, self._blank(k), away_from=self._starting[k])
         self.backups_replaced = 0
         self.restarts = prev.get("shard_restarts", 0)
         self.updates_lost = prev.get("updates_lost", 0)
@@ -102,7 +104,7 @@ class ServerShards:
         for s in self.roles:
             self.runtime.call(s, "stats").result(max(self.timeout_s, 180.0))
         if self.replicate:
-            self._attach_backups(range(len(self.roles)), placed=self._starting)
+            self._attach_backups(range(len(self.roles)), placed=self._starting, spares=False)
             self._starting = {}
         self.checkpoint()
         drop_retired(retired)
@@ -120,11 +122,11 @@ class ServerShards:
             return partial(ParameterShard.blank, k, lo, hi, self.optimizer, self.layout.total, self.layout)
         return partial(ParameterShard.blank, k, lo, hi, self.optimizer, self.total)
 
-    def _attach_backups(self, ids, placed: dict[int, Role] | None = None) -> None:
+    def _attach_backups(self, ids, placed: dict[int, Role] | None = None, spares: bool = True) -> None:
         """Give shards ``ids`` a new backup each: ``placed[k]`` when given, else its spare when there is one away
         from the shard's node, else a new process (placed together, then awaited). Each receives its primary's
-        whole state in the same call that starts the forwarding, so it misses no update. Then each shard without
-        a spare places one for next time."""
+        whole state in the same call that starts the forwarding, so it misses no update. Then (``spares``) each
+        of them without a spare places one for next time."""
         placed = dict(placed or {})
         for k in ids:
             if k in placed:
@@ -145,10 +147,15 @@ class ServerShards:
                 self.runtime.call(role, "stats").result(max(self.timeout_s, 180.0))
             self.runtime.call(self.roles[k], "attach_backup", self.runtime.backup_link(role)).result(self.timeout_s)
             self.backups[k] = role
-        for k in placed:
-            # Started now, ready long before it is needed: a failover then costs a state copy, not a process
-            # start. Away from the backup's node, which is where the primary will be after a failover.
-            if self.spares[k] is None:
+        if spares:
+            self.place_spares(placed)
+
+    def place_spares(self, ids=None) -> None:
+        """A spare for each shard of ``ids`` (all by default) that has a backup and no spare: a blank next
+        backup, started now and so ready long before it is needed (a failover then costs a state copy, not a
+        process start). Away from the backup's node, which is where the primary will be after a failover."""
+        for k in range(len(self.roles)) if ids is None else ids:
+            if self.replicate and self.backups[k] is not None and self.spares[k] is None:
                 self.spares[k] = self.runtime.create_backup(k, self._blank(k), away_from=self.backups[k])
 
     def _replace_backup(self, k: int, why: str) -> None:

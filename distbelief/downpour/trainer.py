@@ -208,6 +208,7 @@ class ParameterServerTrainer:
             self._await_built(role)
             steps = prev_steps[rid] if rid < len(prev_steps) else 0
             self.replicas[rid] = _ReplicaState(role=role, steps=steps, base_steps=steps)
+        self.server.place_spares()  # (--durability replicate) now that the first step waits for no process
 
     def _save_state(self) -> None:
         if not self.cfg.out:

@@ -189,3 +189,30 @@ def test_snapshot_mode_counts_exactly_with_colocated_updates_on_ray(tmp_path):
     assert s["updates_lost"] == up[0] - up[1] >= seen["updates"] - seen["snapshot"] > 0
     restored = next(e for e in s["events"] if e["event"] == "shard restored")
     assert restored["updates_lost"] == s["updates_lost"]
+
+
+def test_replicate_mode_starts_the_spares_once_the_replicas_are_built(tmp_path):
+    """Each shard's spare (a blank next backup, so that a failover costs a state copy and not a process start)
+    is placed after the replicas are built: the replicas' processes, which the first step waits for, never
+    queue behind processes that only a failover needs. The backups start with the shards."""
+    from distbelief.runtime.inprocess import InProcessRuntime
+
+    made = []
+
+    class Recording(InProcessRuntime):
+        def create_backup(self, shard_id, factory, away_from):
+            made.append(("backup", shard_id))
+            return super().create_backup(shard_id, factory, away_from)
+
+        def create_replica(self, replica_id, factory, shards, layout, threads):
+            made.append(("replica", replica_id))
+            return super().create_replica(replica_id, factory, shards, layout, threads)
+
+    spares = []
+    cfg = RunConfig(runtime="inprocess", replicas=2, shards=2, batch_size=64, max_steps=20, max_seconds=0,
+                    eval_every_seconds=3600, num_samples=500, durability="replicate", out=str(tmp_path / "run"))
+    hooks = Faults(on_evaluation=lambda trainer, record: spares.append(list(trainer.server.spares)))
+    train_task(cfg, quiet=True, runtime=Recording(), hooks=hooks)
+    # the backups (with the shards), the replicas, then one spare per shard
+    assert made == [("backup", 0), ("backup", 1), ("replica", 0), ("replica", 1), ("backup", 0), ("backup", 1)], made
+    assert spares and all(s is not None for s in spares[-1])
