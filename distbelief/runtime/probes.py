@@ -9,6 +9,7 @@ here is shut down before the function returns, on error too.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -37,6 +38,43 @@ def on_local_ray(body: Callable[[], Any]) -> Any:
         ray.shutdown()
 
 
+def _local_cpus() -> int:
+    return max(2, os.cpu_count() or 1)  # (a local run's: every core; two at least, for two actors on one)
+
+
+@contextlib.contextmanager
+def local_ray():
+    """One local Ray instance, started as a local run starts it (``connect``), for the probes and runs inside
+    the block: each of them uses it instead of starting one of its own (several seconds of CPU each here). Shut
+    down when the block ends, on error too."""
+    from distbelief.runtime.ray_runtime import connect
+
+    connect(num_cpus=_local_cpus())
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+@contextlib.contextmanager
+def _actors_on_local_ray():
+    """A list to put the actors a probe makes in, on this process's local Ray: the one ``local_ray`` keeps up
+    (then the actors are killed after the probe), else one started for the probe and shut down after it."""
+    from distbelief.runtime.ray_runtime import connect
+
+    owned = not ray.is_initialized()
+    connect(num_cpus=_local_cpus())
+    actors: list = []
+    try:
+        yield actors
+    finally:
+        if owned:
+            ray.shutdown()
+        else:
+            for a in actors:
+                ray.kill(a, no_restart=True)
+
+
 def ray_version() -> str:
     return ray.__version__
 
@@ -56,12 +94,11 @@ def actor_call_costs(calls: Sequence[tuple[type, tuple, str, tuple]], repeats: i
     ``role(*role_args).method(*method_args)`` (after ``warmup`` untimed ones; ``times``) and what ``cpu()``
     (this machine's busy CPU seconds) grew by over them (``cpu_s``, with ``wall_s``). ``settle()`` runs once,
     before the first timing (to let Ray's start-up work end)."""
-    from distbelief.runtime.ray_runtime import connect, role_actor
+    from distbelief.runtime.ray_runtime import role_actor
 
-    connect(num_cpus=2)
-    try:
-        actors = [role_actor().options(num_cpus=0, max_concurrency=1).remote(1, role, *args)
-                  for role, args, _, _ in calls]
+    with _actors_on_local_ray() as actors:
+        actors += [role_actor().options(num_cpus=0, max_concurrency=1).remote(1, role, *args)
+                   for role, args, _, _ in calls]
         for a, (_, _, method, margs) in zip(actors, calls):
             ray.get(a.call.remote(method, *margs))
         settle()
@@ -77,8 +114,6 @@ def actor_call_costs(calls: Sequence[tuple[type, tuple, str, tuple]], repeats: i
                 times.append(time.perf_counter() - t)
             out.append({"times": times, "cpu_s": cpu() - cpu0, "wall_s": time.perf_counter() - t0})
         return out
-    finally:
-        ray.shutdown()
 
 
 class _Producer:
@@ -232,15 +267,14 @@ def stream_cpu(values: int, count: int, timeout_s: float = 60.0) -> dict[str, fl
 def with_actors(roles: Sequence[tuple[type, tuple]], body: Callable[[list], Any]) -> Any:
     """``body(handles)`` on one local Ray started as a local run starts it (``connect``), with one of the
     runtime's role actors per ``(role, role_args)`` of ``roles`` (one call at a time each, as shards run; a
-    replica's client of them: ``shard_client``). Ray is shut down when ``body`` returns, on error too."""
-    from distbelief.runtime.ray_runtime import connect, role_actor
+    replica's client of them: ``shard_client``). When ``body`` returns, on error too, the actors are killed
+    and Ray is shut down, unless ``local_ray`` keeps it up."""
+    from distbelief.runtime.ray_runtime import role_actor
 
-    connect(num_cpus=2)
-    try:
-        handles = [role_actor().options(num_cpus=0, max_concurrency=1).remote(1, role, *args) for role, args in roles]
+    with _actors_on_local_ray() as handles:
+        handles += [role_actor().options(num_cpus=0, max_concurrency=1).remote(1, role, *args)
+                    for role, args in roles]
         return body(handles)
-    finally:
-        ray.shutdown()
 
 
 def shard_client(handles: list, layout, replica_id: int, timeout_s: float = 60.0):

@@ -34,7 +34,9 @@ The shard's work, the copy and the codecs are each timed right after a gradient 
 (``cache_evictor``), as a run meets them: in a tight loop their arrays stay in the caches and they look up to
 1.7 times faster than in a run.
 
-Every Ray instance and cluster started here is shut down before ``calibrate`` returns, on error too. The fits
+The actor calls and the compressed calls share one local Ray instance (``probes.local_ray``: starting one costs
+several seconds of CPU). Every Ray instance and cluster started here is shut down before ``calibrate`` returns,
+on error too. The fits
 are pure functions (``least_squares``, ``fit_steps``, ``fit_transfers``, ``thread_efficiency``); the medians
 they read are kept in ``Costs.measurements``, each with what the fitted costs say beside it, so a reader can
 check a fit.
@@ -967,7 +969,7 @@ def calibrate(path: str | Path | None = None, *, links: bool = False, quick: boo
     costs file by hand (simulate/costs.py)."""
     import torch
 
-    from distbelief.runtime.probes import ray_version
+    from distbelief.runtime.probes import local_ray, ray_version
 
     _refuse_unless_ready(links)
     rep = QUICK if quick else FULL
@@ -993,9 +995,12 @@ def calibrate(path: str | Path | None = None, *, links: bool = False, quick: boo
     finally:
         torch.set_num_threads(threads)
     compute, steps_record = _fit_compute(steps, scaling, log)
-    call = measure_call(rep, background, log)
-    compressed = measure_compressed(rep, background, call, log)
+    with local_ray():  # one local Ray instance for both (a start costs several seconds of CPU)
+        call = measure_call(rep, background, log)
+        compressed = measure_compressed(rep, background, call, log)
     objstore = measure_objstore(rep, background, log)
+    # its runs start a Ray instance of their own: runs right after a probe's actors were killed on a shared one
+    # measured their co-located step 1.4 times slower than on a fresh one
     layout = measure_layout(rep, log)
     costs = Costs(
         machine=machine_name(), date=dt.date.today().isoformat(), cpus=os.cpu_count() or 1, **compute,

@@ -90,3 +90,31 @@ def test_quick_calibration_measures_every_cost_and_reads_back(tmp_path):
               "delta fetch": 1, "sparse push": 1, "copy": 1, "stream": 1, "compression": 4, "Ray actor call": 1,
               "object store": 3 + 1, "compressed calls": 1, "Downpour 2 x 2": 2, "shards in processes": 1}
     assert {k: sum(line.startswith(k) for line in lines) for k in counts} == counts
+
+
+
+@pytest.mark.slow
+def test_probes_share_the_local_ray_that_local_ray_keeps_up_and_leave_none_of_their_actors():
+    """Inside ``local_ray`` a probe uses that instance, and kills the actors it made when it is done (outside
+    it, a probe starts an instance of its own and shuts it down after)."""
+    import numpy as np
+
+    from distbelief.ps.rules import make_rule
+    from distbelief.ps.shard import ParameterShard
+    from distbelief.runtime.probes import local_ray, with_actors
+
+    shard = (ParameterShard, (0, 0, 4, np.arange(4, dtype=np.float32), make_rule("sgd", lr=0.1), 4))
+
+    def fetch(handles):
+        values, _version = ray.get(handles[0].call.remote("fetch", 0))
+        return list(values)
+
+    ray.shutdown()
+    with local_ray():
+        node = ray.get_runtime_context().get_node_id()
+        made = []
+        assert with_actors([shard], lambda hs: made.extend(hs) or fetch(hs)) == [0, 1, 2, 3]
+        assert ray.is_initialized() and ray.get_runtime_context().get_node_id() == node  # the same instance
+        with pytest.raises(ray.exceptions.RayActorError):  # killed
+            ray.get(made[0].call.remote("stats"), timeout=60)
+    assert not ray.is_initialized()
