@@ -1,10 +1,10 @@
 """Ray's costs, timed for the simulator's calibration (simulate/calibrate.py fits and records them).
 
 The engine's side of ``distbelief simulate --calibrate``: actor calls of the runtime's own ``RoleActor`` (replies
-small and large, with the CPU they cost the machine); objects
-fetched between the object stores of two nodes of a fake cluster (two raylets on this machine, over loopback);
-the same between two nodes of a shaped cluster (runtime/netcluster.py). Every Ray instance and cluster started
-here is shut down before the function returns, on error too.
+small and large, with the CPU they cost the machine); objects fetched between the object stores of two nodes of a
+fake cluster (two raylets on this machine, over loopback); the same between two nodes of a shaped cluster
+(runtime/netcluster.py). Every Ray instance and cluster started here is shut down before the function returns,
+on error too; probes inside a ``local_ray`` block share its instance, which is shut down when the block ends.
 """
 
 from __future__ import annotations

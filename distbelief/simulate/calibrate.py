@@ -36,10 +36,9 @@ The shard's work, the copy and the codecs are each timed right after a gradient 
 
 The actor calls and the compressed calls share one local Ray instance (``probes.local_ray``: starting one costs
 several seconds of CPU). Every Ray instance and cluster started here is shut down before ``calibrate`` returns,
-on error too. The fits
-are pure functions (``least_squares``, ``fit_steps``, ``fit_transfers``, ``thread_efficiency``); the medians
-they read are kept in ``Costs.measurements``, each with what the fitted costs say beside it, so a reader can
-check a fit.
+on error too. The fits are pure functions (``least_squares``, ``fit_steps``, ``fit_transfers``,
+``thread_efficiency``); the medians they read are kept in ``Costs.measurements``, each with what the fitted
+costs say beside it, so a reader can check a fit.
 """
 
 from __future__ import annotations
@@ -999,8 +998,8 @@ def calibrate(path: str | Path | None = None, *, links: bool = False, quick: boo
         call = measure_call(rep, background, log)
         compressed = measure_compressed(rep, background, call, log)
     objstore = measure_objstore(rep, background, log)
-    # its runs start a Ray instance of their own: runs right after a probe's actors were killed on a shared one
-    # measured their co-located step 1.4 times slower than on a fresh one
+    # Its runs start a Ray instance of their own. Tried on the probes' instance, right after their actors were
+    # killed: the co-located step came out 1.25-1.44 times its time on a fresh instance (one try).
     layout = measure_layout(rep, log)
     costs = Costs(
         machine=machine_name(), date=dt.date.today().isoformat(), cpus=os.cpu_count() or 1, **compute,
