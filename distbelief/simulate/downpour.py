@@ -117,11 +117,14 @@ class DownpourRun:
         # shard 0 is simulated call by call; a replica's link still carries every shard's part.
         self.representative = representative and not self.colocated and work.shards > 1
         self.modelled = [0] if self.representative else list(range(work.shards))
-        # a replica whose shards run in processes of their own on its cores (not co-located) steps slower
-        # (Costs.separate_process_slowdown); one on cores no shard uses does not
+        # a replica whose shards run in processes of their own on its cores steps slower
+        # (Costs.separate_process_slowdown); one on cores no shard uses does not. Sync's shards always do: a
+        # replica returns its gradient as call results and each shard applies them in its own process, even
+        # where the replicas read the parameters from the shards' shared memory.
+        apart = not self.colocated or work.strategy == "sync"
         shard_pools = {self.world.pool_of[n] for n in shard_nodes}
         self.step_factor = [costs.separate_process_slowdown
-                            if not self.colocated and self.world.pool_of[n] in shard_pools else 1.0
+                            if apart and self.world.pool_of[n] in shard_pools else 1.0
                             for n in self.replica_nodes]
         self.others = work.shards - len(self.modelled)  # shards whose parts only occupy the replica's links
         flat = [n for g in self.groups for n in g]

@@ -364,8 +364,9 @@ def test_a_replica_pays_its_encoded_calls_and_loads_its_delta_answers_at_the_cal
 def test_a_replica_beside_shards_in_processes_of_their_own_steps_slower_by_the_calibrated_factor():
     """``separate_process_slowdown`` slows the step (and the compression) of a replica whose shards are not
     co-located with it but run in their own processes on its cores: on one node behind Ray calls (float16
-    answers), or on a node of its own sharing the machine's cores with the shards' nodes (the shaped cluster). A
-    co-located replica, and one on cores no shard uses, step at their own rate."""
+    answers), in sync (the shards apply each step's gradients), or on a node of its own sharing the machine's
+    cores with the shards' nodes (the shaped cluster). A co-located replica, and one on cores no shard uses, step
+    at their own rate."""
     costs = free_costs(step_s=0.01, separate_process_slowdown=1.3)
     apart = work(replicas=1, shards=1, compress_fetch="fp16")
     assert simulate(apart, Machines(1, 2), costs).step_s == pytest.approx(0.013)
@@ -374,6 +375,9 @@ def test_a_replica_beside_shards_in_processes_of_their_own_steps_slower_by_the_c
     assert simulate(work(replicas=1, shards=1), shared, costs).step_s == pytest.approx(0.013)
     own = Machines(2, 1, shard_nodes=1)  # the shard's node has cores of its own
     assert simulate(work(replicas=1, shards=1), own, costs).step_s == pytest.approx(0.01)
+    # sync on one node: the shards apply every step's gradients in their own processes
+    assert simulate(work(replicas=1, shards=1, strategy="sync"), Machines(1, 2), costs).step_s == pytest.approx(0.013)
+    assert simulate(work(replicas=1, shards=1, strategy="sync"), own, costs).step_s == pytest.approx(0.01)
     with pytest.raises(ConfigError, match="separate_process_slowdown"):
         dataclasses.replace(costs, separate_process_slowdown=0.9).check()
 
