@@ -92,7 +92,6 @@ def test_quick_calibration_measures_every_cost_and_reads_back(tmp_path):
     assert {k: sum(line.startswith(k) for line in lines) for k in counts} == counts
 
 
-
 @pytest.mark.slow
 def test_probes_share_the_local_ray_that_local_ray_keeps_up_and_leave_none_of_their_actors():
     """Inside ``local_ray`` a probe uses that instance, and kills the actors it made when it is done (outside
