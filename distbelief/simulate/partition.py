@@ -28,6 +28,7 @@ Assumptions (one partition per machine):
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Any
@@ -93,13 +94,18 @@ def partition_stack(profile: ModelProfile) -> tuple[Shape, list[Layer]]:
 def _exchange_s(units_out: np.ndarray, units_in: np.ndarray, msgs_out: np.ndarray, msgs_in: np.ndarray,
                 batch: int, costs: Costs, machines: Machines) -> float:
     """One exchange, ended by its slowest partition: per partition that sends or receives, the latency once, a
-    call per message sent and the larger of its bytes out and in at the link's rate."""
+    call per message sent and the larger of its bytes out and in at the link's rate. Without a link (the
+    partitions share a machine) the bytes go through its object store instead: the CPU per byte both ends spend
+    (``local_object_cpu_s_per_byte``), half for what it sends and half for what it receives."""
     rate = machines.bytes_per_s * costs.link_efficiency
     busy = (msgs_out + msgs_in) > 0
     if not busy.any():
         return 0.0
-    link = np.maximum(units_out, units_in) * batch * BYTES_PER_UNIT / rate
-    return float((machines.latency_s + msgs_out * costs.call_s + link)[busy].max())
+    if math.isinf(rate):
+        moved = (units_out + units_in) * batch * BYTES_PER_UNIT / 2 * costs.local_object_cpu_s_per_byte
+    else:
+        moved = np.maximum(units_out, units_in) * batch * BYTES_PER_UNIT / rate
+    return float((machines.latency_s + msgs_out * costs.call_s + moved)[busy].max())
 
 
 def _jitter(sigma: float, shape: tuple[int, ...], seed: int) -> np.ndarray:
@@ -137,6 +143,12 @@ def partition_step(profile: ModelProfile, partitions: int, batch: int, costs: Co
                         for i, (layer, shape) in enumerate(zip(layers, plan.shapes))])
     phases = np.concatenate([forward, 2 * forward[::-1]])  # (2 * layers, P): forward, then backward in reverse
     fixed = costs.step_s + batch * costs.example_s
+    # a model whose own step the calibration timed computes at that step's pace (as an unpartitioned replica
+    # does: simulate/downpour.py ``compute_seconds``), its multiply-adds spread over the partitions as above
+    whole = float(phases.sum()) * cores  # the multiply-adds' seconds on one core
+    measured = costs.measured_step(profile.name, profile.params, batch, fixed + whole)
+    if measured is not None and whole > 0:
+        phases = phases * max(0.0, measured - fixed) / whole
 
     exchanges = []  # (units out, units in, messages out, messages in) per partition, for each exchange
     for i in range(1, len(layers)):

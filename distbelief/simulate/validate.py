@@ -56,6 +56,10 @@ ONE_NODE = {
     "1node-downpour-2x2-n4": {"fetch_every": 4, "push_every": 4},
     "1node-downpour-2x2-topk-delta": {"compress": "topk", "compress_fetch": "delta"},
     "1node-sync-2x2": {"strategy": "sync"},
+    # one replica over two partitions (the paper's Fig. 3 on one machine), two such replicas, and Sandblaster
+    "1node-downpour-1x2-p2": {"replicas": 1, "partitions": 2},
+    "1node-downpour-2x2-p2": {"partitions": 2},
+    "1node-sandblaster-2x2": {"strategy": "sandblaster"},
 }
 PAPER = {"model": "speech-paper", "num_classes": 8192, "batch_size": None, "eval_samples": 1000,
          "train_eval_samples": 0}
@@ -265,13 +269,16 @@ def speed_factor(rec: dict, costs: Costs) -> tuple[float, float]:
     """How much slower this machine was at the time of the record's run than the calibration says: its step
     (``step_probe_s`` against the calibration's step of the same model) and its memory (``memory_probe_s``
     against the calibration's Adagrad push of as many values). ``(1, 1)`` for a record without probes; the memory
-    factor is the step's for a record without that probe."""
+    factor is the step's for a record without that probe. The probe times the whole model's step in one
+    process, so a model-parallel run's is held against the whole model's step too, not its partitions'."""
+    from dataclasses import replace
+
     from distbelief.simulate.downpour import compute_seconds
 
     probe, memory = rec.get("step_probe_s"), rec.get("memory_probe_s")
     if not probe:
         return 1.0, 1.0
-    step = probe / compute_seconds(Workload.from_config(config_from(rec["settings"])), costs)
+    step = probe / compute_seconds(replace(Workload.from_config(config_from(rec["settings"])), partitions=1), costs)
     if not memory:
         return step, step
     return step, memory / (costs.update_s("adagrad") * MEMORY_PROBE_VALUES)

@@ -84,9 +84,11 @@ class Workload:
 
     @property
     def object_store(self) -> bool:
-        """Whether replicas move their bytes as call arguments through Ray's object store even beside the shards
-        (compressed pushes or fetches: runtime/ray_runtime.py), instead of the shared-memory plane."""
-        return self.compress != "none" or self.compress_fetch != "none"
+        """Whether replicas move their bytes as call arguments through Ray's object store even beside the shards,
+        instead of the shared-memory plane: compressed pushes or fetches (runtime/ray_runtime.py), and a
+        model-parallel replica's partitions, which call the shards for their own ranges from actors of their own
+        (runtime/partition_ray.py)."""
+        return self.compress != "none" or self.compress_fetch != "none" or self.partitions > 1
 
     @property
     def streamed_pushes(self) -> bool:

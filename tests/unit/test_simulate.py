@@ -382,6 +382,16 @@ def test_a_replica_beside_shards_in_processes_of_their_own_steps_slower_by_the_c
         dataclasses.replace(costs, separate_process_slowdown=0.9).check()
 
 
+def test_a_model_parallel_replica_calls_its_shards_from_processes_of_its_own():
+    """Its partitions push and fetch their ranges with Ray calls through the object store, even on the shards'
+    node (runtime/partition_ray.py): not co-located, so its step is slowed as a replica apart from its shards."""
+    costs = free_costs(step_s=0.01, separate_process_slowdown=1.3, local_object_cpu_s_per_byte=0.0)
+    whole = simulate(work(replicas=1, shards=1), Machines(1, 2), costs)
+    split = simulate(work(replicas=1, shards=1, partitions=2), Machines(1, 2), costs)
+    assert whole.details["transport"] == "co-located" and split.details["transport"] == "object store"
+    assert whole.step_s == pytest.approx(0.01) and split.step_s == pytest.approx(0.013)
+
+
 def test_ray_calls_and_objects_on_one_node_cost_cpu_at_both_ends():
     """A call costs ``call_cpu_s`` of CPU (half each end); an argument or reply over 100 KiB through one node's
     object store ``local_object_cpu_s`` + ``local_object_cpu_s_per_byte`` per byte, half each end; across nodes an
@@ -418,3 +428,15 @@ def test_validation_scales_the_costs_by_the_runs_probed_step():
     assert raw["rows"][0]["speed"] == 1.0 and raw["rows"][0]["error"] == pytest.approx(1.0)
     no_probe = {k: v for k, v in rec.items() if k != "step_probe_s"}
     assert compare([no_probe], costs)["rows"][0]["speed"] == 1.0
+
+
+def test_a_model_parallel_runs_probe_is_held_against_the_whole_models_step():
+    """The probe times the whole model's step in one process: a partitioned run whose probe took twice the
+    calibration's whole step ran on a machine twice as slow, whatever its partitions' share of that step."""
+    from distbelief.simulate.validate import speed_factor
+
+    costs = free_costs(step_s=0.01, macs_per_s={"dense": 1e9, "local": 1e9, "other": 1e9, "elementwise": 1e9})
+    settings = {**TINY, "replicas": 1, "shards": 1}
+    step = simulate(work(replicas=1, shards=1), Machines(1, 1), costs).step_s
+    rec = {"settings": {**settings, "partitions": 2}, "step_probe_s": 2 * step}
+    assert speed_factor(rec, costs) == (pytest.approx(2.0), pytest.approx(2.0))

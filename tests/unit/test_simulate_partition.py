@@ -5,6 +5,7 @@ connected and locally connected splits, exact division of a balanced model's com
 counts.
 """
 
+import dataclasses
 import json
 
 import pytest
@@ -29,7 +30,7 @@ from distbelief.simulate.profile import profile_layers, profile_model
 pytestmark = pytest.mark.timeout(120)
 
 B = 4
-FREE = Costs(step_s=0.0, example_s=0.0, call_s=0.0)  # compute only: no fixed costs, no per-message cost
+FREE = Costs(step_s=0.0, example_s=0.0, call_s=0.0, local_object_cpu_s_per_byte=0.0)  # compute only: nothing per message
 FREE_LINKS = Machines(cores_per_node=1)  # infinite bandwidth, no latency
 
 
@@ -100,6 +101,38 @@ def test_balanced_model_is_exactly_P_times_faster_with_free_links(P):
     assert s.message_path_s == 0 and sum(s.messages) > 0
     assert s.seconds == pytest.approx(one.seconds / P, rel=1e-12)
     assert s.compute_s == pytest.approx([one.compute_s[0] / P] * P, rel=1e-12)
+
+
+def test_on_one_machine_an_exchange_pays_the_object_stores_cpu_per_byte_sent_and_received():
+    """No link (the partitions share a machine): an exchange costs its slowest partition its bytes out and in at
+    half the object store's CPU per byte each. Two bands of a fully connected stack send and receive alike in
+    every hidden exchange; the gather and the scatter move the non-head band's outputs one way."""
+    D, F_out, per_byte = 12, 24, 1e-6
+    profile = profile_layers("fc", (1, 5), [FullyConnected(D), Activation("sigmoid"), FullyConnected(F_out)])
+    only_bytes = Costs(step_s=0.0, example_s=0.0, call_s=0.0, local_object_cpu_s_per_byte=per_byte)
+    s = partition_step(profile, 2, B, only_bytes, FREE_LINKS)
+    hidden = 2 * (D // 2) * B * 4 * per_byte  # forward and backward: D/2 units out and D/2 in, half the CPU each
+    ends = 2 * (F_out // 2) * B * 4 * per_byte / 2  # gather and scatter: F/2 units one way
+    assert s.message_path_s == pytest.approx(hidden + ends, rel=1e-12)
+    # with a link the bytes are the link's, at its rate, and the object store's CPU is not charged again
+    link = Machines(cores_per_node=1, bandwidth=1e8)
+    assert partition_step(profile, 2, B, only_bytes, link).message_path_s == pytest.approx(
+        (2 * (D // 2) + 2 * (F_out // 2)) * B * 4 / (link.bytes_per_s * only_bytes.link_efficiency), rel=1e-12)
+
+
+def test_a_model_the_calibration_timed_is_partitioned_at_its_timed_pace():
+    """Its multiply-adds take the timed step's time (less the fixed costs), split over the partitions as the fit
+    splits them (as ``compute_seconds`` does for an unpartitioned replica)."""
+    profile = profile_model("speech-tiny", "speech", 8192)
+    c = costs()
+    fitted = partition_step(profile, 1, 128, c, FREE_LINKS).seconds
+    timed = dataclasses.replace(c, step_measured={f"speech-tiny:{profile.params}": {"128": 3 * fitted}})
+    fixed = c.step_s + 128 * c.example_s
+    assert partition_step(profile, 1, 128, timed, FREE_LINKS).seconds == pytest.approx(3 * fitted, rel=1e-9)
+    two, two_fit = (partition_step(profile, 2, 128, k, FREE_LINKS) for k in (timed, c))
+    assert [t - fixed for t in two.compute_s] == pytest.approx(
+        [(f - fixed) * (3 * fitted - fixed) / (fitted - fixed) for f in two_fit.compute_s], rel=1e-9)
+    assert two.message_path_s == two_fit.message_path_s
 
 
 @pytest.mark.parametrize("P", (1, 2, 3, 8))
