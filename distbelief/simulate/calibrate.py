@@ -43,6 +43,7 @@ costs say beside it, so a reader can check a fit.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import functools
 import itertools
@@ -552,6 +553,63 @@ def measure_layout(rep: Effort, log: Log) -> dict[str, Any] | None:
     return out
 
 
+PARTITION_RUN = {**LAYOUT_RUN, "strategy": "sgd", "replicas": 1, "shards": 1, "partitions": 2}
+
+
+def measure_partition_messages(rep: Effort, costs: Costs, log: Log) -> dict[str, Any] | None:
+    """``partition_message_s``: what a boundary message between two partitions on one machine takes beyond its
+    bytes, from real model-parallel steps: one replica of the Fig. 4 model over 2 partitions (``PARTITION_RUN``,
+    the sgd strategy: no parameter shards, so no other process on the cores) on a local Ray instance, for
+    ``layout_s`` seconds, ``layout_rounds`` runs; a run's step is its minibatch over its examples per second. The
+    step the simulator makes of the same model with ``costs`` (its compute at the timed step's pace, the bytes'
+    CPU) and no time per message is subtracted, and the rest divided by the messages on the step's path (one
+    per exchange with two partitions). Measured here (2 cores): about 7 ms a message, against 1.1 ms for a
+    tiny call's round trip between idle actors: both partitions compute beside the calls' threads. None on one
+    core."""
+    import tempfile
+
+    from distbelief.api import train_task
+    from distbelief.config import config_from
+    from distbelief.runtime.probes import on_local_ray
+    from distbelief.runtime.ray_runtime import RayRuntime
+    from distbelief.simulate.machines import Machines
+    from distbelief.simulate.partition import partition_step
+
+    if (os.cpu_count() or 1) < 2:
+        return None
+    steps: list[float] = []
+
+    def runs(tmp: str) -> None:
+        for i in range(rep.layout_rounds):
+            cfg = config_from({**PARTITION_RUN, "max_seconds": rep.layout_s, "out": f"{tmp}/partitions{i}"})
+            runtime = RayRuntime(remote_timeout_s=cfg.remote_timeout_s)
+            try:
+                res = train_task(cfg.normalized(), quiet=True, runtime=runtime)
+            finally:
+                runtime.shutdown()
+            steps.append(PARTITION_RUN["batch_size"] / res.summary["examples_per_s"])
+            log(f"speech-tiny batch 128 over 2 partitions on Ray: a step {steps[-1] * 1e3:.2f} ms")
+
+    with tempfile.TemporaryDirectory(prefix="distbelief-partitions-") as tmp:
+        on_local_ray(lambda: runs(tmp))
+    step = statistics.median(steps)
+    profile = _profile(PARTITION_RUN["model"], PARTITION_RUN["task"], PARTITION_RUN["num_classes"])
+    batch, parts = PARTITION_RUN["batch_size"], PARTITION_RUN["partitions"]
+
+    def step_with(c: Costs):  # the run's step as simulate/downpour.py makes it: the partitions on one machine
+        return partition_step(profile, parts, batch, c, Machines(nodes=parts, cores_per_node=1), one_machine=True)
+
+    silent = step_with(dataclasses.replace(costs, partition_message_s=0.0))
+    # the messages on the step's path: its message time at one second per message and nothing per byte
+    on_path = step_with(dataclasses.replace(costs, partition_message_s=1.0, local_object_cpu_s_per_byte=0.0)
+                        ).message_path_s
+    per_message = max(0.0, step - silent.seconds) / on_path
+    log(f"a message between partitions on one machine: {per_message * 1e3:.2f} ms beyond its bytes ({on_path:g} on "
+        f"a step's path; the step without them {silent.seconds * 1e3:.2f} ms)")
+    return {"run": PARTITION_RUN, "seconds": rep.layout_s, "steps_s": steps, "modelled_without_messages_s":
+            silent.seconds, "messages_on_path": on_path, "partition_message_s": per_message}
+
+
 def _profile(model: str, task: str, classes: int):
     from distbelief.simulate.profile import profile_model
 
@@ -1034,6 +1092,10 @@ def calibrate(path: str | Path | None = None, *, links: bool = False, quick: boo
         "objstore": _sized(objstore["medians"], objstore["call_s"], objstore["bytes_per_s"]),
         "objstore_cpu": objstore["cpu"],
     }
+    partitions = measure_partition_messages(rep, costs, log)  # (reads the compute costs measured above)
+    if partitions:
+        costs.partition_message_s = partitions["partition_message_s"]
+    measurements["partitions"] = partitions  # None: one core, a message costs call_s
     if links:
         link = measure_links(rep, log)
         costs.link_efficiency = link["efficiency"]

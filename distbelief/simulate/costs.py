@@ -21,7 +21,10 @@ How the simulator uses them:
   node takes ``cores / (cores - ray_idle_cores * nodes on those cores)`` times longer;
 - a shard's update of ``n`` values: ``n * update_s_per_value[rule]``; a Ray actor call costs ``call_cpu_s`` of
   CPU (half on the caller's node, half on the callee's: scheduling, arguments, reply) and takes ``call_s`` where
-  only its time matters (a model partition's message);
+  only its time matters (a model partition's message to a partition on another machine); between two partitions
+  sharing a machine a message takes ``partition_message_s`` beyond its bytes (measured in real model-parallel
+  steps: the one-way call and the receiving partition's wake-up, while both compute; ``call_s`` when not
+  measured);
 - bytes between two processes on one node: ``copy_bytes_per_s`` (the shared-memory plane copies once), or,
   through the node's object store (a call's argument or reply over Ray's inline limit),
   ``local_object_cpu_s + bytes * local_object_cpu_s_per_byte`` of CPU, half on each end;
@@ -76,6 +79,8 @@ class Costs:
     update_s_per_value: dict[str, float] = field(default_factory=lambda: {"sgd": 1.0e-9, "adagrad": 4.0e-9})
     call_s: float = 1.0e-3
     call_cpu_s: float = 1.0e-3  # the CPU one call costs the machine: caller, callee and raylet together
+    # a boundary message between two partitions of a replica on one machine, beyond its bytes (None: call_s)
+    partition_message_s: float | None = None
     # an argument or reply through one node's object store (over Ray's inline limit): CPU per object and per byte
     local_object_cpu_s: float = 3.0e-4
     local_object_cpu_s_per_byte: float = 1.0e-9
@@ -140,6 +145,9 @@ class Costs:
                      "delta_load_s_per_value", "encoded_call_cpu_s"):
             if not getattr(self, name) >= 0:
                 raise ConfigError("costs", f"{source}: {name} must be >= 0, got {getattr(self, name)!r}")
+        if self.partition_message_s is not None and not self.partition_message_s >= 0:
+            raise ConfigError("costs", f"{source}: partition_message_s must be >= 0 (or null: call_s), got "
+                                       f"{self.partition_message_s!r}")
         if not 0 <= self.thread_efficiency <= 1:
             raise ConfigError("costs", f"{source}: thread_efficiency must be in [0, 1], got {self.thread_efficiency!r}")
         if not self.contention >= 1:
@@ -174,6 +182,7 @@ class Costs:
             example_s=self.example_s * f,
             step_measured={k: {b: t * f for b, t in by.items()} for k, by in self.step_measured.items()},
             call_s=self.call_s * f, call_cpu_s=self.call_cpu_s * f, local_object_cpu_s=self.local_object_cpu_s * f,
+            partition_message_s=None if self.partition_message_s is None else self.partition_message_s * f,
             encoded_call_cpu_s=self.encoded_call_cpu_s * f,
             objstore_cpu_s=self.objstore_cpu_s * f,
             encode_s_per_value={k: v * f for k, v in self.encode_s_per_value.items()},

@@ -61,7 +61,7 @@ def partition_seconds(work: Workload, costs: Costs, threads: int, machines: Mach
     step = partition_step(work.profile, work.partitions, work.batch, costs,
                           Machines(nodes=work.partitions, cores_per_node=threads,
                                    bandwidth=machines.bandwidth if spread else float("inf"),
-                                   latency_s=machines.latency_s if spread else 0.0))
+                                   latency_s=machines.latency_s if spread else 0.0), one_machine=not spread)
     return step.seconds
 
 
@@ -121,10 +121,13 @@ class DownpourRun:
         # (Costs.separate_process_slowdown); one on cores no shard uses does not. Sync's shards always do: a
         # replica returns its gradient as call results and each shard applies them in its own process, even
         # where the replicas read the parameters from the shards' shared memory.
+        # A model-parallel replica on one machine is not: its step comes from real model-parallel steps
+        # (Costs.partition_message_s, measured with its partitions in Ray processes of their own, as here).
         apart = not self.colocated or work.strategy == "sync"
+        measured_apart = work.partitions > 1 and machines.nodes == 1 and costs.partition_message_s is not None
         shard_pools = {self.world.pool_of[n] for n in shard_nodes}
         self.step_factor = [costs.separate_process_slowdown
-                            if apart and self.world.pool_of[n] in shard_pools else 1.0
+                            if apart and not measured_apart and self.world.pool_of[n] in shard_pools else 1.0
                             for n in self.replica_nodes]
         self.others = work.shards - len(self.modelled)  # shards whose parts only occupy the replica's links
         flat = [n for g in self.groups for n in g]

@@ -19,6 +19,8 @@ Assumptions (one partition per machine):
 - in an exchange a partition pays ``machines.latency_s`` once (its messages are in flight together),
   ``costs.call_s`` per message it sends, and the larger of its bytes out and in at ``machines.bytes_per_s *
   costs.link_efficiency`` (full-duplex links, a non-blocking switch); communication does not overlap compute;
+  partitions that share a machine (``one_machine``) pay ``costs.partition_message_s`` per message instead and
+  the object store's CPU per byte sent and received;
 - every partition pays the step's fixed costs (``step_s + batch * example_s``) once, all at the same time; the
   head's loss is free; activations travel as float32;
 - ``jitter`` is machine-speed variance: each partition's compute in each phase is multiplied by a lognormal
@@ -92,20 +94,24 @@ def partition_stack(profile: ModelProfile) -> tuple[Shape, list[Layer]]:
 
 
 def _exchange_s(units_out: np.ndarray, units_in: np.ndarray, msgs_out: np.ndarray, msgs_in: np.ndarray,
-                batch: int, costs: Costs, machines: Machines) -> float:
+                batch: int, costs: Costs, machines: Machines, one_machine: bool) -> float:
     """One exchange, ended by its slowest partition: per partition that sends or receives, the latency once, a
-    call per message sent and the larger of its bytes out and in at the link's rate. Without a link (the
-    partitions share a machine) the bytes go through its object store instead: the CPU per byte both ends spend
-    (``local_object_cpu_s_per_byte``), half for what it sends and half for what it receives."""
+    call per message sent and the larger of its bytes out and in at the link's rate. Where the partitions share
+    a machine (``one_machine``: no link) a message takes ``costs.partition_message_s`` (measured in real
+    model-parallel steps on one machine; ``call_s`` when not) and the bytes go through the object store: the CPU
+    per byte both ends spend (``local_object_cpu_s_per_byte``), half for what a partition sends and half for what
+    it receives."""
     rate = machines.bytes_per_s * costs.link_efficiency
     busy = (msgs_out + msgs_in) > 0
     if not busy.any():
         return 0.0
-    if math.isinf(rate):
+    if one_machine:
+        per_message = costs.call_s if costs.partition_message_s is None else costs.partition_message_s
         moved = (units_out + units_in) * batch * BYTES_PER_UNIT / 2 * costs.local_object_cpu_s_per_byte
     else:
-        moved = np.maximum(units_out, units_in) * batch * BYTES_PER_UNIT / rate
-    return float((machines.latency_s + msgs_out * costs.call_s + moved)[busy].max())
+        per_message = costs.call_s
+        moved = np.maximum(units_out, units_in) * batch * BYTES_PER_UNIT / rate if math.isfinite(rate) else 0.0
+    return float((machines.latency_s + msgs_out * per_message + moved)[busy].max())
 
 
 def _jitter(sigma: float, shape: tuple[int, ...], seed: int) -> np.ndarray:
@@ -122,10 +128,12 @@ def _jitter(sigma: float, shape: tuple[int, ...], seed: int) -> np.ndarray:
 
 
 def partition_step(profile: ModelProfile, partitions: int, batch: int, costs: Costs, machines: Machines, *,
-                   cores_per_partition: int | None = None, jitter: float = 0.0, seed: int = 0) -> PartitionStep:
+                   cores_per_partition: int | None = None, jitter: float = 0.0, seed: int = 0,
+                   one_machine: bool | None = None) -> PartitionStep:
     """The step time of one replica of ``profile`` over ``partitions`` machines, minibatch ``batch`` (see the
     module's assumptions). ``cores_per_partition`` defaults to ``machines.cores_per_node``; ``jitter`` > 0
-    averages ``JITTER_DRAWS`` steps with machine-speed variance drawn from ``seed``."""
+    averages ``JITTER_DRAWS`` steps with machine-speed variance drawn from ``seed``; ``one_machine``: the
+    partitions share one machine, no link between them (by default, when ``machines`` has no link limit)."""
     if batch < 1:
         raise ConfigError("batch", f"must be >= 1, got {batch}")
     if jitter < 0:
@@ -164,7 +172,9 @@ def partition_step(profile: ModelProfile, partitions: int, batch: int, costs: Co
     to_head = (gathered > 0).astype(np.int64)
     at_head, n_head = np.where(head, gathered.sum(), 0), np.where(head, to_head.sum(), 0)
     exchanges += [(gathered, at_head, to_head, n_head), (at_head, gathered, n_head, to_head)]
-    message_path = sum(_exchange_s(*x, batch, costs, machines) for x in exchanges)
+    if one_machine is None:
+        one_machine = math.isinf(machines.bytes_per_s)
+    message_path = sum(_exchange_s(*x, batch, costs, machines, one_machine) for x in exchanges)
     units_sent = sum(x[0] for x in exchanges)
     messages_sent = sum(x[2] for x in exchanges)
 

@@ -81,14 +81,19 @@ def test_quick_calibration_measures_every_cost_and_reads_back(tmp_path):
     assert [len(layout["steps_s"][k]) for k in ("colocated", "separate")] == [1, 1]
     apart, together = layout["steps_s"]["separate"][0], layout["steps_s"]["colocated"][0]
     assert together > 0 and costs.separate_process_slowdown == max(1.0, apart / together)
+    # a real model-parallel run (2 partitions): its step, less the model's step without messages, per message
+    parts = m["partitions"]
+    assert len(parts["steps_s"]) == 1 and parts["messages_on_path"] == 6  # 2 layers' exchanges x 2, gather, scatter
+    assert costs.partition_message_s == max(0.0, parts["steps_s"][0] - parts["modelled_without_messages_s"]) / 6
 
     assert Costs.from_json(json.loads(path.read_text()), str(path)) == costs
     # one line per measurement: every step, one with 1 and 2 threads, the 42M model's own, their fit; the
     # co-located steps alone and beside another; 2 rules; 4 schemes; the compressed calls; 3 object sizes and
-    # their fit; a Downpour run per layout and their ratio
+    # their fit; a Downpour run per layout and their ratio; a model-parallel run and its messages' cost
     counts = {"step ": steps + 1 + 1 + 1, "co-located step": 1, "thread efficiency": 1, "shard update": 2,
               "delta fetch": 1, "sparse push": 1, "copy": 1, "stream": 1, "compression": 4, "Ray actor call": 1,
-              "object store": 3 + 1, "compressed calls": 1, "Downpour 2 x 2": 2, "shards in processes": 1}
+              "object store": 3 + 1, "compressed calls": 1, "Downpour 2 x 2": 2, "shards in processes": 1,
+              "speech-tiny batch 128 over 2 partitions": 1, "a message between partitions": 1}
     assert {k: sum(line.startswith(k) for line in lines) for k in counts} == counts
 
 

@@ -390,6 +390,15 @@ def test_a_model_parallel_replica_calls_its_shards_from_processes_of_its_own():
     split = simulate(work(replicas=1, shards=1, partitions=2), Machines(1, 2), costs)
     assert whole.details["transport"] == "co-located" and split.details["transport"] == "object store"
     assert whole.step_s == pytest.approx(0.01) and split.step_s == pytest.approx(0.013)
+    # ... unless its messages' cost was measured in real model-parallel steps, in Ray processes of their own as
+    # here: that step is already the one apart (the cost of the six messages on the step's path is added)
+    measured = dataclasses.replace(costs, partition_message_s=0.002)
+    split = simulate(work(replicas=1, shards=1, partitions=2), Machines(1, 2), measured)
+    assert split.step_s == pytest.approx(0.01 + 6 * 0.002)
+    # across nodes (a partition per node) the calibration's message cost does not apply, the slowdown does
+    nodes = Machines(3, 1, shared_cores=2, shard_nodes=1)
+    across = [simulate(work(replicas=1, shards=1, partitions=2), nodes, c).step_s for c in (costs, measured)]
+    assert across[0] == across[1] > 0.013
 
 
 def test_ray_calls_and_objects_on_one_node_cost_cpu_at_both_ends():

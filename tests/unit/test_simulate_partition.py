@@ -30,7 +30,7 @@ from distbelief.simulate.profile import profile_layers, profile_model
 pytestmark = pytest.mark.timeout(120)
 
 B = 4
-FREE = Costs(step_s=0.0, example_s=0.0, call_s=0.0, local_object_cpu_s_per_byte=0.0)  # compute only: nothing per message
+FREE = Costs(step_s=0.0, example_s=0.0, call_s=0.0, local_object_cpu_s_per_byte=0.0)  # compute only: no messages
 FREE_LINKS = Machines(cores_per_node=1)  # infinite bandwidth, no latency
 
 
@@ -118,6 +118,26 @@ def test_on_one_machine_an_exchange_pays_the_object_stores_cpu_per_byte_sent_and
     link = Machines(cores_per_node=1, bandwidth=1e8)
     assert partition_step(profile, 2, B, only_bytes, link).message_path_s == pytest.approx(
         (2 * (D // 2) + 2 * (F_out // 2)) * B * 4 / (link.bytes_per_s * only_bytes.link_efficiency), rel=1e-12)
+
+
+def test_partitions_sharing_a_machine_pay_the_measured_message_cost_and_others_a_calls():
+    """``partition_message_s`` (measured in real model-parallel steps on one machine) replaces ``call_s`` per
+    message where the partitions share a machine; across a link a message still costs ``call_s``; not measured
+    (None), ``call_s`` everywhere. Six messages on the path of a two-layer stack's step over two partitions: each
+    layer's input exchanged forward and its gradient backward, the gather and the scatter."""
+    D, F_out = 12, 24
+    profile = profile_layers("fc", (1, 5), [FullyConnected(D), Activation("sigmoid"), FullyConnected(D),
+                                            Activation("sigmoid"), FullyConnected(F_out)])
+    calls = dataclasses.replace(FREE, call_s=1e-3)
+    measured = dataclasses.replace(calls, partition_message_s=5e-3)
+    link = Machines(cores_per_node=1, bandwidth=1e30)
+    assert partition_step(profile, 2, B, calls, FREE_LINKS).message_path_s == pytest.approx(6e-3)
+    assert partition_step(profile, 2, B, measured, FREE_LINKS).message_path_s == pytest.approx(30e-3)
+    assert partition_step(profile, 2, B, measured, link).message_path_s == pytest.approx(6e-3)
+    with pytest.raises(ConfigError, match="partition_message_s"):
+        dataclasses.replace(measured, partition_message_s=-1.0).check()
+    assert measured.scaled(2.0).partition_message_s == pytest.approx(10e-3)
+    assert calls.scaled(2.0).partition_message_s is None
 
 
 def test_a_model_the_calibration_timed_is_partitioned_at_its_timed_pace():
