@@ -70,6 +70,8 @@ SHAPED = {  # name -> (link rate, settings over FIG4_TASK)
     "shaped-1gbit-fig4-powersgd-fp16": ("1gbit", {"compress": "powersgd", "compress_fetch": "fp16"}),
     "shaped-1gbit-paper-none": ("1gbit", PAPER),
     "shaped-1gbit-paper-topk-delta": ("1gbit", {**PAPER, "compress": "topk", "compress_fetch": "delta"}),
+    # one replica over two partitions on the two replica nodes: the paper's Fig. 3 over a real link
+    "shaped-1gbit-fig4-1x2-p2": ("1gbit", {"replicas": 1, "partitions": 2}),
     "shaped-10gbit-fig4-none": ("10gbit", {}),
     "shaped-10gbit-fig4-topk-delta": ("10gbit", {"compress": "topk", "compress_fetch": "delta"}),
 }
