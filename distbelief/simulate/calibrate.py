@@ -563,9 +563,9 @@ def measure_partition_messages(rep: Effort, costs: Costs, log: Log) -> dict[str,
     ``layout_s`` seconds, ``layout_rounds`` runs; a run's step is its minibatch over its examples per second. The
     step the simulator makes of the same model with ``costs`` (its compute at the timed step's pace, the bytes'
     CPU) and no time per message is subtracted, and the rest divided by the messages on the step's path (one
-    per exchange with two partitions). Measured here (2 cores): about 7 ms a message, against 1.1 ms for a
-    tiny call's round trip between idle actors: both partitions compute beside the calls' threads. None on one
-    core."""
+    per exchange with two partitions). Measured here (2 cores): 5.6 to 7.3 ms a message, against 1.1 ms for a
+    tiny call's round trip between idle actors (``call_s``); where the difference goes is not measured. None on
+    one core."""
     import tempfile
 
     from distbelief.api import train_task

@@ -22,8 +22,8 @@ How the simulator uses them:
 - a shard's update of ``n`` values: ``n * update_s_per_value[rule]``; a Ray actor call costs ``call_cpu_s`` of
   CPU (half on the caller's node, half on the callee's: scheduling, arguments, reply) and takes ``call_s`` where
   only its time matters (a model partition's message to a partition on another machine); between two partitions
-  sharing a machine a message takes ``partition_message_s`` beyond its bytes (measured in real model-parallel
-  steps: the one-way call and the receiving partition's wake-up, while both compute; ``call_s`` when not
+  sharing a machine a message takes ``partition_message_s`` beyond its bytes (from real model-parallel steps on
+  Ray: what a step takes beyond the simulated step without message costs, per message; ``call_s`` when not
   measured);
 - bytes between two processes on one node: ``copy_bytes_per_s`` (the shared-memory plane copies once), or,
   through the node's object store (a call's argument or reply over Ray's inline limit),

@@ -121,8 +121,9 @@ class DownpourRun:
         # (Costs.separate_process_slowdown); one on cores no shard uses does not. Sync's shards always do: a
         # replica returns its gradient as call results and each shard applies them in its own process, even
         # where the replicas read the parameters from the shards' shared memory.
-        # A model-parallel replica on one machine is not: its step comes from real model-parallel steps
-        # (Costs.partition_message_s, measured with its partitions in Ray processes of their own, as here).
+        # A model-parallel replica on one machine is not charged it once its messages' cost was measured
+        # (Costs.partition_message_s): that comes from real model-parallel steps, partitions in Ray processes of
+        # their own as here, so it holds whatever running apart costs.
         apart = not self.colocated or work.strategy == "sync"
         measured_apart = work.partitions > 1 and machines.nodes == 1 and costs.partition_message_s is not None
         shard_pools = {self.world.pool_of[n] for n in shard_nodes}
