@@ -505,6 +505,19 @@ LAYOUT_RUN = {"task": "speech", "model": "speech-tiny", "num_classes": 8192, "cl
               "eval_samples": 500, "train_eval_samples": 0, "durability": "off", "seed": 0}
 
 
+def _train_on_ray(cfg, **runtime_options):
+    """``train_task`` of ``cfg`` on a Ray runtime of its own (``runtime_options``: RayRuntime's), quietly; the
+    runtime is shut down after, whatever happened."""
+    from distbelief.api import train_task
+    from distbelief.runtime.ray_runtime import RayRuntime
+
+    runtime = RayRuntime(remote_timeout_s=cfg.remote_timeout_s, **runtime_options)
+    try:
+        return train_task(cfg.normalized(), quiet=True, runtime=runtime)
+    finally:
+        runtime.shutdown()
+
+
 def measure_layout(rep: Effort, log: Log) -> dict[str, Any] | None:
     """How much slower a replica's step is when the shards run in processes of their own beside it, every push
     and fetch a Ray call (compressed runs; runs whose shards are on other nodes sharing these cores), than when
@@ -518,10 +531,8 @@ def measure_layout(rep: Effort, log: Log) -> dict[str, Any] | None:
     on one core."""
     import tempfile
 
-    from distbelief.api import train_task
     from distbelief.config import config_from
     from distbelief.runtime.probes import on_local_ray
-    from distbelief.runtime.ray_runtime import RayRuntime
 
     if (os.cpu_count() or 1) < 2:
         return None
@@ -532,11 +543,7 @@ def measure_layout(rep: Effort, log: Log) -> dict[str, Any] | None:
             for layout in steps:
                 cfg = config_from({**LAYOUT_RUN, "max_seconds": rep.layout_s, "out": f"{tmp}/{layout}{i}"})
                 together = layout == "colocated"
-                runtime = RayRuntime(remote_timeout_s=cfg.remote_timeout_s, use_shm=together, colocate=together)
-                try:
-                    res = train_task(cfg.normalized(), quiet=True, runtime=runtime)
-                finally:
-                    runtime.shutdown()
+                res = _train_on_ray(cfg, use_shm=together, colocate=together)
                 got = res.summary.get("replicas_colocated", 0)
                 if got != (LAYOUT_RUN["replicas"] if together else 0):
                     raise RuntimeError(f"the {layout} layout run had {got} co-located replicas")
@@ -568,10 +575,8 @@ def measure_partition_messages(rep: Effort, costs: Costs, log: Log) -> dict[str,
     one core."""
     import tempfile
 
-    from distbelief.api import train_task
     from distbelief.config import config_from
     from distbelief.runtime.probes import on_local_ray
-    from distbelief.runtime.ray_runtime import RayRuntime
     from distbelief.simulate.machines import Machines
     from distbelief.simulate.partition import partition_step
 
@@ -582,11 +587,7 @@ def measure_partition_messages(rep: Effort, costs: Costs, log: Log) -> dict[str,
     def runs(tmp: str) -> None:
         for i in range(rep.layout_rounds):
             cfg = config_from({**PARTITION_RUN, "max_seconds": rep.layout_s, "out": f"{tmp}/partitions{i}"})
-            runtime = RayRuntime(remote_timeout_s=cfg.remote_timeout_s)
-            try:
-                res = train_task(cfg.normalized(), quiet=True, runtime=runtime)
-            finally:
-                runtime.shutdown()
+            res = _train_on_ray(cfg)
             steps.append(PARTITION_RUN["batch_size"] / res.summary["examples_per_s"])
             log(f"speech-tiny batch 128 over 2 partitions on Ray: a step {steps[-1] * 1e3:.2f} ms")
 

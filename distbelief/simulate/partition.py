@@ -110,7 +110,7 @@ def _exchange_s(units_out: np.ndarray, units_in: np.ndarray, msgs_out: np.ndarra
         moved = (units_out + units_in) * batch * BYTES_PER_UNIT / 2 * costs.local_object_cpu_s_per_byte
     else:
         per_message = costs.call_s
-        moved = np.maximum(units_out, units_in) * batch * BYTES_PER_UNIT / rate if math.isfinite(rate) else 0.0
+        moved = np.maximum(units_out, units_in) * batch * BYTES_PER_UNIT / rate
     return float((machines.latency_s + msgs_out * per_message + moved)[busy].max())
 
 
