@@ -52,10 +52,15 @@ class Codec(ABC):
         """The flat vector the shards will apply: every part decoded by the shards' own code."""
         return torch.cat([self.decode(p, lo, hi) for p, (lo, hi) in zip(parts, self.ranges)])
 
-    def residual(self, a: torch.Tensor, parts: list[Any], dtype: torch.dtype) -> torch.Tensor:
-        """``a - sent(parts)`` in ``dtype`` (a new tensor; ``a`` may be taken over). A scheme may compute it
-        without building ``sent``, but must give the same bits."""
-        return a.to(dtype) - self.sent(parts).to(dtype)
+    def residual(self, a: torch.Tensor, parts: list[Any], dtype: torch.dtype,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+        """``a - sent(parts)`` in ``dtype``: written into ``out`` (a ``dtype`` vector of ``a``'s size) when given,
+        else a new tensor (``a`` may be taken over). A scheme may compute it without building ``sent``, but must
+        give the same bits. Here each part's decoded range is taken from ``a`` in place, in ``dtype``."""
+        r = a.to(dtype) if out is None else out.copy_(a)
+        for part, (lo, hi) in zip(parts, self.ranges, strict=True):
+            r[lo:hi].sub_(self.decode(part, lo, hi))  # (in dtype: a float32 part is widened first)
+        return r
 
     def describe(self) -> str:
         return self.name

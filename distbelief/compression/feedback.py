@@ -36,10 +36,12 @@ class ErrorFeedback:
         t0 = time.perf_counter()
         if self.dtype == torch.float32:
             a = self.residual.add_(g)  # the residual's own buffer (no new vector); codec.residual takes it over
-        else:
-            a = (g.to(torch.float64) + self.residual).to(torch.float32)
+            out = None
+        else:  # the sum in float64 in the residual's buffer (the bits of g.to(float64) + residual), then rounded
+            a = self.residual.add_(g).to(torch.float32)
+            out = self.residual  # the new residual is written over it: no new float64 vector a push
         parts = self.codec.encode(a)
-        self.residual = self.codec.residual(a, parts, self.dtype)
+        self.residual = self.codec.residual(a, parts, self.dtype, out)
         self.bytes_sent += sum(wire_bytes(p) for p in parts)
         self.last_parts = parts
         self.seconds += time.perf_counter() - t0

@@ -113,6 +113,9 @@ class PowerSGD(Codec):
                 out[at:at + values.numel()] = values
             else:
                 at, skip, n, p_rows, q = piece
+                if skip == 0 and n == p_rows.shape[0] * q.shape[0]:  # whole rows: P Qᵀ written in place
+                    torch.bmm(p_rows[None], q.t()[None], out=out[at:at + n].view(1, p_rows.shape[0], q.shape[0]))
+                    continue
                 block = torch.bmm(p_rows[None], q.t()[None])[0].flatten()
                 out[at:at + n] = block[skip:skip + n]
         return out

@@ -62,8 +62,9 @@ class TopK(Codec):
             parts.append((idx, values[idx]))
         return parts
 
-    def residual(self, a: torch.Tensor, parts, dtype: torch.dtype) -> torch.Tensor:
-        r = a.to(dtype)  # (a itself when dtype is float32: the feedback's own buffer)
+    def residual(self, a: torch.Tensor, parts, dtype: torch.dtype, out: torch.Tensor | None = None
+                 ) -> torch.Tensor:
+        r = a.to(dtype) if out is None else out.copy_(a)  # (a itself when dtype is float32: the feedback's buffer)
         for (idx, _), (lo, _hi) in zip(parts, self.ranges):
             r[lo + torch.as_tensor(idx).long()] = 0  # sent whole: nothing left
         return r

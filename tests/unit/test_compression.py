@@ -105,6 +105,26 @@ def test_the_shards_decode_what_the_replica_believes_it_sent():
             assert torch.equal(type(codec).decode(pickle.loads(pickle.dumps(part)), lo, hi), sent[lo:hi])
 
 
+def test_powersgd_decodes_whole_matrices_in_place_with_the_same_bits():
+    """A range holding whole rows of a matrix gets ``P Qᵀ`` written straight into its output; the values are the
+    product's, bit for bit, as where a range cuts a row (both kinds of piece are here)."""
+    model = Net()
+    n, _ = layout(model)
+    ranges = [(0, 2560), (2560, n)]  # shard 0: Linear(40, 64)'s weight exactly; shard 1 holds all of the next
+    codec = make_codec("powersgd", ranges, tensor_layout(model), rank=4)
+    parts = codec.encode(gradients(model, 1)[0])
+    whole = 0
+    for part, (lo, hi) in zip(parts, ranges):
+        out = type(codec).decode(pickle.loads(pickle.dumps(part)), lo, hi)
+        for piece in part:
+            if len(piece) == 5:
+                at, skip, count, p_rows, q = piece
+                whole += skip == 0 and count == p_rows.shape[0] * q.shape[0]
+                product = torch.bmm(p_rows[None], q.t()[None])[0].flatten()[skip:skip + count]
+                assert torch.equal(out[at:at + count], product)
+    assert whole == 2
+
+
 def test_topk_keeps_the_largest_values_of_each_range():
     g = torch.tensor([0.1, -5.0, 0.2, 3.0, 0.0, -0.3, 9.0, 0.05])
     codec = make_codec("topk", [(0, 4), (4, 8)], ratio=0.5)
