@@ -267,6 +267,38 @@ def kendall_tau(a: list[float], b: list[float]) -> float:
     return s / (n * (n - 1) / 2)
 
 
+def rounds_agreement(records: list[dict], predicted: list[float] | None = None) -> dict | None:
+    """How far the measurement agrees with itself, for records measured in several rounds (``median_records``:
+    ``examples_per_s_runs``, as many rounds each): Kendall's tau between every two rounds' rankings (the lowest),
+    the pairs of configurations that some two rounds order differently, and each configuration's spread between
+    its rounds (largest over smallest, minus 1). With ``predicted`` (examples/s per record), also how many of
+    the pairs that every round orders alike the prediction orders that way too. None with fewer than two rounds
+    or records."""
+    runs = [r.get("examples_per_s_runs") or [] for r in records]
+    rounds = min(map(len, runs), default=0)
+    if rounds < 2 or len(records) < 2:
+        return None
+    taus = [kendall_tau([x[i] for x in runs], [x[j] for x in runs])
+            for i in range(rounds) for j in range(i + 1, rounds)]
+    swapped, alike = [], []
+    for a in range(len(records)):
+        for b in range(a + 1, len(records)):
+            signs = {math.copysign(1, runs[a][i] - runs[b][i]) for i in range(rounds)}
+            (swapped if len(signs) > 1 else alike).append((a, b))
+    spread = [max(x[:rounds]) / min(x[:rounds]) - 1 for x in runs]
+    out = {"rounds": rounds, "kendall_tau_between_rounds": min(taus), "pairs": len(swapped) + len(alike),
+           "pairs_swapped": [[records[a]["name"], records[b]["name"]] for a, b in swapped],
+           "spread": {r["name"]: s for r, s in zip(records, spread)}, "spread_max": max(spread),
+           "spread_median": statistics.median(spread)}
+    if predicted is not None:
+        measured = [r["examples_per_s"] for r in records]
+        otherwise = [(a, b) for a, b in alike if (measured[a] - measured[b]) * (predicted[a] - predicted[b]) <= 0]
+        out["pairs_alike"] = len(alike)
+        out["pairs_alike_predicted_so"] = len(alike) - len(otherwise)
+        out["pairs_alike_predicted_otherwise"] = [[records[a]["name"], records[b]["name"]] for a, b in otherwise]
+    return out
+
+
 def speed_factor(rec: dict, costs: Costs) -> tuple[float, float]:
     """How much slower this machine was at the time of the record's run than the calibration says: its step
     (``step_probe_s`` against the calibration's step of the same model) and its memory (``memory_probe_s``
@@ -319,6 +351,7 @@ def compare(records: list[dict], costs: Costs, steps: int = 60, speed: bool = Tr
     return {"rows": rows, "mean_error": sum(errs) / len(errs), "max_error": max(errs),
             "staleness_mean_abs_error": sum(st) / len(st) if st else None,
             "staleness_max_abs_error": max(st) if st else None, "kendall_tau": tau, "configurations": len(rows),
+            "measurement": rounds_agreement(records, [r["predicted_examples_per_s"] for r in rows]),
             "speed_scaled": speed, "costs": {"machine": costs.machine, "date": costs.date}}
 
 
@@ -340,6 +373,19 @@ def format_comparison(c: dict) -> str:
     if c["staleness_mean_abs_error"] is not None:
         lines.append(f"staleness: mean error {c['staleness_mean_abs_error']:.2f} updates, max "
                      f"{c['staleness_max_abs_error']:.2f}")
+    m = c.get("measurement")
+    if m:
+        worst = max(m["spread"], key=m["spread"].get)
+        swapped = "; ".join(" / ".join(p) for p in m["pairs_swapped"]) or "none"
+        lines.append(f"the measurement against itself ({m['rounds']} rounds; the medians are compared above): "
+                     f"Kendall tau {m['kendall_tau_between_rounds']:.3f} between its rounds, "
+                     f"{len(m['pairs_swapped'])} of {m['pairs']} pairs ordered differently by them ({swapped}); a "
+                     f"configuration's rounds differ by {m['spread_median']:.1%} (median), "
+                     f"{m['spread_max']:.1%} at most ({worst})")
+        if "pairs_alike" in m:
+            otherwise = "; ".join(" / ".join(p) for p in m["pairs_alike_predicted_otherwise"])
+            lines.append(f"of the {m['pairs_alike']} pairs every round orders alike, the prediction orders "
+                         f"{m['pairs_alike_predicted_so']} the same way" + (f" (not: {otherwise})" if otherwise else ""))
     return "\n".join(lines)
 
 

@@ -250,6 +250,25 @@ def test_repeated_measurements_are_kept_and_their_median_compared():
     assert m["staleness_mean"] == 1.0 and m["source"] == ["s100.0", "s300.0", "s200.0"]
 
 
+def test_the_validation_says_how_far_its_rounds_agree_with_each_other():
+    """Three configurations in two rounds: the rounds swap b and c, so the measured ranking only holds a against
+    both; the prediction's order is checked on those two pairs alone."""
+    from distbelief.simulate.validate import rounds_agreement
+
+    def rec(name, runs):
+        return {"name": name, "examples_per_s": sorted(runs)[len(runs) // 2], "examples_per_s_runs": runs}
+
+    recs = [rec("a", [100.0, 110.0]), rec("b", [200.0, 260.0]), rec("c", [210.0, 250.0])]
+    m = rounds_agreement(recs, predicted=[300.0, 150.0, 400.0])
+    assert m["rounds"] == 2 and m["pairs"] == 3
+    assert m["kendall_tau_between_rounds"] == pytest.approx(1 / 3)
+    assert m["pairs_swapped"] == [["b", "c"]]
+    assert m["spread"]["b"] == pytest.approx(0.3) and m["spread_max"] == pytest.approx(0.3)
+    assert m["pairs_alike"] == 2 and m["pairs_alike_predicted_so"] == 1
+    assert m["pairs_alike_predicted_otherwise"] == [["a", "b"]]
+    assert rounds_agreement([rec("a", [1.0]), rec("b", [2.0])]) is None  # one round: nothing to say
+
+
 def test_a_node_object_plane_carries_one_object_at_a_time_in_or_out():
     """On a rate-limited link, two objects crossing between the same two nodes in opposite directions take twice
     one's time (each node's object plane moves one object at a time, as measured on the shaped cluster), where
