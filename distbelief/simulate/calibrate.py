@@ -442,14 +442,16 @@ def measure_threads(rep: Effort, log: Log) -> dict[str, Any] | None:
     return out
 
 
-def measure_contention(rep: Effort, log: Log) -> dict[str, Any] | None:
+def measure_contention(rep: Effort, log: Log, rounds: int = 3) -> dict[str, Any] | None:
     """How much slower a replica's work runs when every core runs a replica at the same time, against one alone:
     replicas beside each other share the memory bus and the caches. Each replica (a thread of its own, with a
     model and a parameter shard of its own: the kernels release the GIL) runs the co-located Downpour step: the
     Fig. 4 model's gradient (one torch thread, 128 examples), then its push to the shard
     (``ParameterShard.push``, Adagrad) and its fetch copied out (``read_into``). ``contention``: the gradient's
     time together over alone; ``memory_contention``: the same for the push and the copy, which stream through
-    memory and suffer more. None on one core."""
+    memory and suffer more. Timed in ``rounds`` turns of alone then together, each ratio taken within its turn
+    and the median kept: this machine's speed drifts within seconds, and a ratio of two timings far apart holds
+    that drift (one alone then one together gave 1.01 to 1.15 on one machine within hours). None on one core."""
     import threading
 
     cores = os.cpu_count() or 1
@@ -471,29 +473,42 @@ def measure_contention(rep: Effort, log: Log) -> dict[str, Any] | None:
             shard.read_into(out)
             times.append((t1 - t0, time.perf_counter() - t1))
 
-    alone: list[tuple[float, float]] = []
+    def together(count: int) -> list[tuple[float, float]]:
+        start = threading.Barrier(cores)
+        times: list[list[tuple[float, float]]] = [[] for _ in range(cores)]
+
+        def run(i):
+            start.wait()
+            loop(i, [], rep.warmup)
+            loop(i, times[i], count)
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(cores)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return [t for ts in times for t in ts]
+
+    def medians(times: list[tuple[float, float]]) -> tuple[float, float]:
+        return statistics.median(t[0] for t in times), statistics.median(t[1] for t in times)
+
     loop(0, [], rep.warmup)
-    loop(0, alone, 2 * rep.step)
-    start = threading.Barrier(cores)
-    together: list[list[tuple[float, float]]] = [[] for _ in range(cores)]
-
-    def run(i):
-        start.wait()
-        loop(i, [], rep.warmup)
-        loop(i, together[i], 2 * rep.step)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(cores)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    alone_c, alone_m = (statistics.median(t[j] for t in alone) for j in (0, 1))
-    both_c, both_m = (statistics.median(t[j] for times in together for t in times) for j in (0, 1))
+    turns = []  # (alone compute, alone memory, together compute, together memory)
+    for _ in range(rounds):
+        alone: list[tuple[float, float]] = []
+        loop(0, alone, rep.step)
+        turns.append((*medians(alone), *medians(together(rep.step))))
+    alone_c, alone_m, both_c, both_m = (statistics.median(t[j] for t in turns) for j in range(4))
+    ratio_c = statistics.median(t[2] / t[0] for t in turns)
+    ratio_m = statistics.median(t[3] / t[1] for t in turns)
     out = {"model": "speech-tiny", "classes": 8192, "batch": 128, "cores": cores, "values": n,
-           "alone_s": alone_c, "together_s": both_c, "contention": max(1.0, both_c / alone_c),
-           "memory_alone_s": alone_m, "memory_together_s": both_m, "memory_contention": max(1.0, both_m / alone_m)}
+           "alone_s": alone_c, "together_s": both_c, "contention": max(1.0, ratio_c),
+           "memory_alone_s": alone_m, "memory_together_s": both_m, "memory_contention": max(1.0, ratio_m),
+           "turns": [{"alone_s": a, "together_s": b, "memory_alone_s": c, "memory_together_s": d}
+                     for a, c, b, d in turns]}
     log(f"co-located step, speech-tiny batch 128: gradient {alone_c * 1e3:.2f} ms alone, {both_c * 1e3:.2f} ms "
-        f"with all {cores} cores stepping (contention {out['contention']:.2f}); push and copy of {n:,} values "
+        f"with all {cores} cores stepping (contention {out['contention']:.2f}: the median of "
+        + ", ".join(f"{t[2] / t[0]:.2f}" for t in turns) + f" in {rounds} turns); push and copy of {n:,} values "
         f"{alone_m * 1e3:.2f} ms alone, {both_m * 1e3:.2f} ms together ({out['memory_contention']:.2f})")
     return out
 

@@ -66,6 +66,7 @@ def test_quick_calibration_measures_every_cost_and_reads_back(tmp_path):
     steps = len(STEP_MODELS) * len(STEP_BATCHES)
     assert len(m["steps"]) == steps and len(m["objstore"]) == 3 and m["quick"] is True
     assert m["contention"]["contention"] == costs.contention >= 1
+    assert len(m["contention"]["turns"]) == 3  # alone then together, three times: the median ratio kept
     assert costs.compute_cv > 0 and m["threads"]["efficiency"] == costs.thread_efficiency  # 2 cores or more
     # CPU that this machine could have spent: no more than its cores over the wall time it was timed for (a
     # probe that read two different clocks once put a call's CPU at 27.7 s for a call of 1.4 ms)
