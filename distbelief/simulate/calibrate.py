@@ -225,6 +225,20 @@ def fit_transfers(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
     return x["call_s"], 1.0 / x["s_per_byte"]
 
 
+def fit_object_cpu(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """``(object_cpu_s, bytes_per_s)`` such that a call whose reply of ``b`` bytes goes through the object store
+    costs ``object_cpu_s + b / bytes_per_s`` of CPU more than a tiny call, from ``(bytes, CPU seconds)`` of whole
+    calls: the first a tiny one (inline with its reply), the others through the object store. Fitted to the
+    whole calls' CPU in relative error (``object_cpu_s`` may come out 0), not to the differences: a small reply
+    costs about what the tiny call does, so its difference is noise, even below 0, and in relative error it
+    outweighed the large reply that fixes the rate (a calibration here got 4e-15 s a byte from a 4 MiB reply
+    that cost 6.5 ms more than the tiny call)."""
+    rows = [[1.0, 0.0, 0.0] if i == 0 else [1.0, 1.0, float(b)] for i, (b, _) in enumerate(points)]
+    x = least_squares(rows, [max(c, 1e-6) for _, c in points], ["call_cpu_s", "object_cpu_s", "s_per_byte"],
+                      may_be_zero=("object_cpu_s",))
+    return x["object_cpu_s"], 1.0 / x["s_per_byte"]
+
+
 # --------------------------------------------------------------------------------------------------- timing
 
 
@@ -822,8 +836,8 @@ def measure_call(rep: Effort, background: float, log: Log) -> dict[str, Any]:
     ray_idle = idle[0]
     cpu = [max(0.0, r["cpu_s"] - (background + ray_idle) * r["wall_s"]) / rep.call for r in runs]
     seconds = statistics.median(runs[0]["times"])
-    extra = [(4 * n, max(1e-9, c - cpu[0])) for n, c in zip(sizes[1:], cpu[1:])]
-    object_s, object_rate = fit_transfers(extra)
+    extra = [(4 * n, c - cpu[0]) for n, c in zip(sizes[1:], cpu[1:])]
+    object_s, object_rate = fit_object_cpu([(4 * n, c) for n, c in zip(sizes, cpu)])
     log(f"Ray actor call: {seconds * 1e3:.3f} ms, {cpu[0] * 1e3:.2f} ms of CPU; a reply through the object "
         f"store: " + ", ".join(f"{b / 1e6:.2f} MB {c * 1e3:.2f} ms of CPU more" for b, c in extra)
         + f" = {object_s * 1e3:.2f} ms + {1e9 / object_rate:.2f} ns/byte; Ray idle keeps {ray_idle:.2f} cores "

@@ -8,6 +8,7 @@ from distbelief.simulate.calibrate import (
     KINDS,
     STEP_BATCHES,
     StepPoint,
+    fit_object_cpu,
     fit_steps,
     fit_transfers,
     least_squares,
@@ -101,6 +102,20 @@ def test_fit_transfers_recovers_planted_call_and_rate():
 def test_fit_transfers_with_times_that_fall_with_size_gives_no_fixed_cost():
     call_s, rate = fit_transfers([(1e6, 0.010), (8e6, 0.009)])
     assert call_s == 0.0 and rate > 0
+
+
+def test_fit_object_cpu_recovers_planted_costs_from_whole_calls():
+    call, obj, per_byte = 1.4e-3, 0.1e-3, 1.2e-9
+    points = [(64, call)] + [(b, call + obj + b * per_byte) for b in (240_000, 4 * 2**20)]
+    object_s, rate = fit_object_cpu(points)
+    assert object_s == pytest.approx(obj, rel=1e-6) and 1 / rate == pytest.approx(per_byte, rel=1e-6)
+
+
+def test_fit_object_cpu_takes_its_rate_from_the_large_reply_when_the_small_one_is_noise():
+    """A calibration's three calls: the 0.24 MB reply cost less CPU than the tiny call (noise), the 4 MiB one
+    6.5 ms more. Fitted to the differences in relative error, the clipped small one gave 4e-15 s a byte."""
+    object_s, rate = fit_object_cpu([(64, 1.89e-3), (240_000, 1.51e-3), (4_194_304, 8.37e-3)])
+    assert object_s == 0.0 and 1.0e-9 < 1 / rate < 2.0e-9
 
 
 # ------------------------------------------------------------------------------------------ degenerate inputs
