@@ -168,6 +168,20 @@ def test_sandblaster_backup_tasks_beat_a_straggler():
     assert with_backups.examples_per_s > 1.2 * without.examples_per_s
 
 
+def test_sandblaster_replicas_beside_their_shards_processes_compute_slower():
+    """Sandblaster's shards are always processes of their own: replicas on the same cores pay
+    ``separate_process_slowdown`` on every portion, as Downpour's do; replicas on machines of their own do not."""
+    costs = free_costs(step_s=0.01, separate_process_slowdown=1.5)
+    w = Workload.from_config(RunConfig(**TINY, strategy="sandblaster", replicas=2, shards=2, lbfgs_batch=2000,
+                                       portion_size=250, backup_tasks=False))
+    shared = simulate(w, Machines(1, 4), costs)
+    apart = simulate(w, Machines(4, 1), costs)  # replicas on nodes 0-1, shards on nodes 2-3
+    plain = simulate(w, Machines(1, 4), dataclasses.replace(costs, separate_process_slowdown=1.0))
+    assert shared.compute_s == pytest.approx(1.5 * plain.compute_s, rel=1e-6)
+    assert shared.examples_per_s == pytest.approx(plain.examples_per_s / 1.5, rel=0.02)
+    assert apart.compute_s == pytest.approx(plain.compute_s, rel=1e-6)
+
+
 def test_compression_relieves_a_slow_link():
     costs = free_costs(step_s=0.005)
     m = Machines(4, 1, bandwidth=1e9, shard_nodes=2)
