@@ -377,8 +377,9 @@ def format_comparison(c: dict) -> str:
     if m:
         worst = max(m["spread"], key=m["spread"].get)
         swapped = "; ".join(" / ".join(p) for p in m["pairs_swapped"]) or "none"
+        lowest = " (the lowest of any two)" if m["rounds"] > 2 else ""
         lines.append(f"the measurement against itself ({m['rounds']} rounds; the medians are compared above): "
-                     f"Kendall tau {m['kendall_tau_between_rounds']:.3f} between its rounds, "
+                     f"Kendall tau {m['kendall_tau_between_rounds']:.3f} between its rounds{lowest}, "
                      f"{len(m['pairs_swapped'])} of {m['pairs']} pairs ordered differently by them ({swapped}); a "
                      f"configuration's rounds differ by {m['spread_median']:.1%} (median), "
                      f"{m['spread_max']:.1%} at most ({worst})")
