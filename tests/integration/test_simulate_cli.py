@@ -73,14 +73,17 @@ def test_validate_needs_measurements_and_reads_a_measured_file(tmp_path, capsys)
     records = [{"name": f"r{r}", "settings": {"task": "speech", "model": "speech-tiny", "num_classes": 8192,
                                              "batch_size": 128, "replicas": r, "shards": 1},
                 "machines": {"nodes": 1, "cores_per_node": 2}, "examples_per_s": 1000.0 * r,
+                "examples_per_s_runs": [950.0 * r, 1050.0 * r],  # two rounds, as --repeats 2 keeps them
                 "staleness_mean": r - 1.0} for r in (1, 2, 3)]
     (tmp_path / "measured.json").write_text(json.dumps({"records": records}))
     out = tmp_path / "cmp.json"
     assert main(["simulate", "--validate", "--measured", str(tmp_path), "--json", str(out)]) == 0
-    assert "Kendall tau" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "Kendall tau" in text and "the measurement against itself (2 rounds" in text
     c = json.loads(out.read_text())
     assert [r["name"] for r in c["rows"]] == ["r1", "r2", "r3"]
     assert all(r["predicted_examples_per_s"] > 0 for r in c["rows"])
+    assert c["measurement"]["kendall_tau_between_rounds"] == 1 and c["measurement"]["pairs_swapped"] == []
 
 
 def test_plan_suggests_flags_for_a_cluster(tmp_path, capsys):
