@@ -47,6 +47,7 @@ import dataclasses
 import datetime as dt
 import functools
 import itertools
+import math
 import os
 import platform
 import statistics
@@ -232,11 +233,12 @@ def fit_object_cpu(points: Sequence[tuple[float, float]]) -> tuple[float, float]
     whole calls' CPU in relative error (``object_cpu_s`` may come out 0), not to the differences: a small reply
     costs about what the tiny call does, so its difference is noise, even below 0, and in relative error it
     outweighed the large reply that fixes the rate (a calibration here got 4e-15 s a byte from a 4 MiB reply
-    that cost 6.5 ms more than the tiny call)."""
+    that cost 6.5 ms more than the tiny call). Replies that cost no more than the tiny call (a noisy quick
+    calibration) give 0 and an infinite rate: nothing more, rather than no calibration."""
     rows = [[1.0, 0.0, 0.0] if i == 0 else [1.0, 1.0, float(b)] for i, (b, _) in enumerate(points)]
     x = least_squares(rows, [max(c, 1e-6) for _, c in points], ["call_cpu_s", "object_cpu_s", "s_per_byte"],
-                      may_be_zero=("object_cpu_s",))
-    return x["object_cpu_s"], 1.0 / x["s_per_byte"]
+                      may_be_zero=("object_cpu_s", "s_per_byte"))
+    return x["object_cpu_s"], (1.0 / x["s_per_byte"] if x["s_per_byte"] > 0 else math.inf)
 
 
 # --------------------------------------------------------------------------------------------------- timing

@@ -118,6 +118,13 @@ def test_fit_object_cpu_takes_its_rate_from_the_large_reply_when_the_small_one_i
     assert object_s == 0.0 and 1.0e-9 < 1 / rate < 2.0e-9
 
 
+def test_fit_object_cpu_of_replies_no_dearer_than_a_tiny_call_is_free_not_an_error():
+    """A noisy quick calibration can time a 4 MiB reply below the tiny call: the object store then costs
+    nothing more, rather than the calibration failing (the old fit of the differences never failed)."""
+    object_s, rate = fit_object_cpu([(64, 1.5e-3), (240_000, 1.6e-3), (4_194_304, 1.4e-3)])
+    assert object_s >= 0 and 1 / rate == 0.0
+
+
 # ------------------------------------------------------------------------------------------ degenerate inputs
 
 
