@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from distbelief.compression.base import Codec
+from distbelief.compression.base import Codec, from_wire, to_wire
 
 
 def orthogonalize(m: torch.Tensor) -> None:
@@ -98,9 +98,10 @@ class PowerSGD(Codec):
                 if t.compressed:
                     r0, r1 = (s - t.offset) // t.cols, (e - t.offset - 1) // t.cols + 1
                     p, q = pq[i]
-                    pieces.append((s - lo, s - t.offset - r0 * t.cols, e - s, p[0, r0:r1].clone(), q[0]))
+                    pieces.append((s - lo, s - t.offset - r0 * t.cols, e - s, to_wire(p[0, r0:r1].clone()),
+                                   to_wire(q[0].clone())))
                 else:
-                    pieces.append((s - lo, a[s:e].clone()))
+                    pieces.append((s - lo, to_wire(a[s:e].clone())))
             parts.append(pieces)
         return parts
 
@@ -109,10 +110,11 @@ class PowerSGD(Codec):
         out = torch.empty(hi - lo, dtype=torch.float32)
         for piece in part:
             if len(piece) == 2:
-                at, values = piece
+                at, values = piece[0], from_wire(piece[1])
                 out[at:at + values.numel()] = values
             else:
-                at, skip, n, p_rows, q = piece
+                at, skip, n = piece[:3]
+                p_rows, q = from_wire(piece[3]), from_wire(piece[4])
                 if skip == 0 and n == p_rows.shape[0] * q.shape[0]:  # whole rows: P Qᵀ written in place
                     torch.bmm(p_rows[None], q.t()[None], out=out[at:at + n].view(1, p_rows.shape[0], q.shape[0]))
                     continue

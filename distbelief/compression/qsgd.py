@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from distbelief.compression.base import Codec
+from distbelief.compression.base import Codec, from_wire, to_wire
 
 BUCKET = 512
 _TINY = 2.0 ** -27
@@ -62,14 +62,14 @@ class QSGD(Codec):
         level[xb.abs() < safe[:, None] * (_TINY / s)] = 0  # left whole to the residual (module docstring)
         signed = torch.where(xb < 0, -level, level)
         codes = (signed.flatten()[:n] + s).to(torch.uint8)
-        return n, self.bits, norms, _pack(codes, self.bits)
+        return n, self.bits, to_wire(norms), to_wire(_pack(codes, self.bits))
 
     @staticmethod
     def decode(part, lo: int, hi: int) -> torch.Tensor:
         n, bits, norms, packed = part
         s = 2 ** (bits - 1) - 1
-        signed = _unpack(packed, bits, n).to(torch.float32) - s
-        scale = norms.repeat_interleave(BUCKET)[:n]
+        signed = _unpack(from_wire(packed), bits, n).to(torch.float32) - s
+        scale = from_wire(norms).repeat_interleave(BUCKET)[:n]
         return scale * (signed / s)
 
     def formula_bytes(self, k: int) -> int:

@@ -65,6 +65,25 @@ def test_each_part_weighs_what_the_schemes_formula_says():
             assert wire_bytes(part) == codec.formula_bytes(k), (codec.describe(), k)
 
 
+def _leaves(obj):
+    if isinstance(obj, (tuple, list)):
+        for x in obj:
+            yield from _leaves(x)
+    else:
+        yield obj
+
+
+def test_every_part_travels_as_numpy_arrays_and_numbers():
+    """Ray sends a numpy array as an out-of-band buffer and a torch tensor through its pickled storage, several
+    times dearer on both ends of every push: no scheme may put a tensor in a part."""
+    model = Net()
+    _, ranges = layout(model)
+    for codec in codecs(model, ranges):
+        for part in codec.encode(gradients(model, 1)[0]):
+            kinds = {type(x) for x in _leaves(part)}
+            assert kinds <= {np.ndarray, int, float}, (codec.describe(), kinds)
+
+
 def test_the_formulas_are_the_schemes_arithmetic():
     ranges = [(0, 1000), (1000, 2500)]
     assert make_codec("fp16", ranges).formula_bytes(1) == 2 * 1500
@@ -119,6 +138,8 @@ def test_powersgd_decodes_whole_matrices_in_place_with_the_same_bits():
         for piece in part:
             if len(piece) == 5:
                 at, skip, count, p_rows, q = piece
+                assert isinstance(p_rows, np.ndarray) and isinstance(q, np.ndarray)  # (Ray's cheap path)
+                p_rows, q = torch.from_numpy(p_rows), torch.from_numpy(q)
                 whole += skip == 0 and count == p_rows.shape[0] * q.shape[0]
                 product = torch.bmm(p_rows[None], q.t()[None])[0].flatten()[skip:skip + count]
                 assert torch.equal(out[at:at + count], product)
