@@ -237,6 +237,9 @@ class ModelReplica:
         self.push_fetches = 0  # pushes sent fused with the next fetch
         self.loss_ema = math.nan
         self.compute_s = 0.0
+        # CPU this process spent in those steps (every thread's): below compute_s where a step waits, as a
+        # model-parallel partition does for its neighbours' messages
+        self.compute_cpu_s = 0.0
         self.wait_s = 0.0
         self.clock_wait_s = 0.0  # of wait_s: held back by the staleness bound
         self.paused_s = 0.0  # held by pause() (evaluations)
@@ -325,6 +328,7 @@ class ModelReplica:
             "transport": self.client.transport_name,
             "loss_ema": self.loss_ema,
             "compute_s": self.compute_s,
+            "compute_cpu_s": self.compute_cpu_s,
             "wait_s": self.wait_s,
             "clock_wait_s": self.clock_wait_s,
             "first_push_time": self.first_push_time,
@@ -442,7 +446,7 @@ class ModelReplica:
             if s.overlap and (local_step + 1) % s.fetch_every == 0 and local_step + 1 < limit:
                 pending_fetch = self.client.fetch_async()  # the next parameters travel while we compute
 
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             x, y = self.batches.next_batch()
             loss = src.gradient(x, y)
             if acc_count == 0:
@@ -458,6 +462,7 @@ class ModelReplica:
                 src.params.add_(src.grads, alpha=-s.local_lr)
             self._after_step(t0)
             self.compute_s += time.perf_counter() - t0
+            self.compute_cpu_s += time.process_time() - c0
 
             if acc_count == s.push_every:
                 if self.fused and local_step + 1 < limit:  # the next parameters come back with the push's reply
@@ -513,10 +518,11 @@ class ModelReplica:
             raise ReplicaKilled(f"{self.source.name} was killed (fault injection)")
         self._load(self.client.fetch_async())
         x, y = self.batches.next_batch()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         loss = self.source.gradient(x, y)
         self._after_step(t0)
         self.compute_s += time.perf_counter() - t0
+        self.compute_cpu_s += time.process_time() - c0
         self.steps += 1
         self.examples += len(y)
         self.loss_ema = loss if math.isnan(self.loss_ema) else 0.9 * self.loss_ema + 0.1 * loss

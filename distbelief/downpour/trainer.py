@@ -669,6 +669,7 @@ class ParameterServerTrainer:
             duplicate_pushes=sum(s["duplicate_pushes"] for s in stats),
             partition_bytes_per_step=final.get("partition_bytes_per_step"),
             partition_messages_per_step=final.get("partition_messages_per_step"),
+            partition_cpu_s_per_step=final.get("partition_cpu_s_per_step"),
             **self._table_summary(stats),
             **self._table_traffic(stats),
             **self._compression_summary(stats, latest),

@@ -602,8 +602,11 @@ def measure_partition_messages(rep: Effort, costs: Costs, log: Log) -> dict[str,
     step the simulator makes of the same model with ``costs`` (its compute at the timed step's pace, the bytes'
     CPU) and no time per message is subtracted, and the rest divided by the messages on the step's path (one
     per exchange with two partitions). Measured here (2 cores): 5.6 to 7.3 ms a message, against 1.1 ms for a
-    tiny call's round trip between idle actors (``call_s``); where the difference goes is not measured. None on
-    one core."""
+    tiny call's round trip between idle actors (``call_s``). The record keeps each run's CPU per partition process
+    and step (``cpu_s_per_step``: the run's ``partition_cpu_s_per_step``): here 51-54 of a 71-75 ms step, so
+    that 59 % of the message time kept a partition's core busy; charging only that share as CPU, the rest as
+    waiting, predicted two such replicas 16 % and 31 % too fast in two of three validations' records (9 % in the
+    third; benchmarks/RESULTS.md, 2026-12-07), so the simulator still charges all of it. None on one core."""
     import tempfile
 
     from distbelief.config import config_from
@@ -614,13 +617,16 @@ def measure_partition_messages(rep: Effort, costs: Costs, log: Log) -> dict[str,
     if (os.cpu_count() or 1) < 2:
         return None
     steps: list[float] = []
+    cpus: list[float] = []
 
     def runs(tmp: str) -> None:
         for i in range(rep.layout_rounds):
             cfg = config_from({**PARTITION_RUN, "max_seconds": rep.layout_s, "out": f"{tmp}/partitions{i}"})
             res = _train_on_ray(cfg)
             steps.append(PARTITION_RUN["batch_size"] / res.summary["examples_per_s"])
-            log(f"speech-tiny batch 128 over 2 partitions on Ray: a step {steps[-1] * 1e3:.2f} ms")
+            cpus.append(statistics.fmean(res.summary["partition_cpu_s_per_step"]))
+            log(f"speech-tiny batch 128 over 2 partitions on Ray: a step {steps[-1] * 1e3:.2f} ms, each partition's "
+                f"process busy {cpus[-1] * 1e3:.2f} ms of it")
 
     with tempfile.TemporaryDirectory(prefix="distbelief-partitions-") as tmp:
         on_local_ray(lambda: runs(tmp))
@@ -638,8 +644,9 @@ def measure_partition_messages(rep: Effort, costs: Costs, log: Log) -> dict[str,
     per_message = max(0.0, step - silent.seconds) / on_path
     log(f"a message between partitions on one machine: {per_message * 1e3:.2f} ms beyond its bytes ({on_path:g} on "
         f"a step's path; the step without them {silent.seconds * 1e3:.2f} ms)")
-    return {"run": PARTITION_RUN, "seconds": rep.layout_s, "steps_s": steps, "modelled_without_messages_s":
-            silent.seconds, "messages_on_path": on_path, "partition_message_s": per_message}
+    return {"run": PARTITION_RUN, "seconds": rep.layout_s, "steps_s": steps, "cpu_s_per_step": cpus,
+            "modelled_without_messages_s": silent.seconds, "messages_on_path": on_path,
+            "partition_message_s": per_message}
 
 
 def _profile(model: str, task: str, classes: int):

@@ -86,6 +86,8 @@ def test_quick_calibration_measures_every_cost_and_reads_back(tmp_path):
     parts = m["partitions"]
     assert len(parts["steps_s"]) == 1 and parts["messages_on_path"] == 6  # 2 layers' exchanges x 2, gather, scatter
     assert costs.partition_message_s == max(0.0, parts["steps_s"][0] - parts["modelled_without_messages_s"]) / 6
+    # and each partition process's CPU in a step: some, and (2 cores, one partition on each) at most the step
+    assert len(parts["cpu_s_per_step"]) == 1 and 0 < parts["cpu_s_per_step"][0] <= 1.5 * parts["steps_s"][0]
 
     assert Costs.from_json(json.loads(path.read_text()), str(path)) == costs
     # one line per measurement: every step, one with 1 and 2 threads, the 42M model's own, their fit; the

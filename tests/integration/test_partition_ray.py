@@ -65,3 +65,7 @@ def test_ray_downpour_lc1d_two_replicas_two_partitions_two_shards_learns(tmp_pat
     assert summary["runtime"] == "ray" and summary["partitions"] == 2
     assert summary["stop_reason"] == "target accuracy reached" and summary["best_test_accuracy"] >= 0.5
     assert len(summary["partition_bytes_per_step"]) == 2 and min(summary["partition_messages_per_step"]) > 0
+    # each partition process's CPU in a step: some, and no more than the run's wall time over its steps allows
+    steps = min(summary["steps_per_replica"])
+    cpu = summary["partition_cpu_s_per_step"]
+    assert len(cpu) == 2 and all(0 < c * steps < 2 * summary["wall_s"] for c in cpu), (cpu, steps)

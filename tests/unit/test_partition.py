@@ -308,3 +308,22 @@ def test_bad_partition_settings_name_the_field():
         PartitionSpec(0)
     with pytest.raises(ConfigError, match="partitions"):
         PartitionSpec(4, grid=(3, 1))
+
+
+def test_partition_messaging_metrics_per_step_average_the_replicas():
+    """Each partition's bytes, messages and process CPU per step (the head's steps count a replica's steps),
+    averaged over replicas, as summary.json has them."""
+    from distbelief.partition.stats import messaging_metrics
+    from distbelief.runtime.group_stats import merge_partition_stats
+
+    def part(pid, steps, sent, msgs, cpu):
+        return {"partition_id": pid, "num_parameters": 10, "bytes_sent": sent, "messages_sent": msgs,
+                "bytes_by_phase": {}, "compute_s": 2 * cpu, "compute_cpu_s": cpu, "wait_s": 0.0, "replica_id": 0,
+                "steps": steps, "examples": steps * 4, "pushes": steps, "loss_ema": 1.0, "acked": []}
+
+    r0 = merge_partition_stats([part(1, 0, 400, 20, 3.0), part(0, 10, 800, 40, 2.0)])
+    r1 = merge_partition_stats([part(0, 20, 800, 40, 4.0), part(1, 0, 400, 20, 8.0)])
+    m = messaging_metrics([r0, r1, {"steps": 5}])  # (a replica without partitions is left out)
+    assert m["partition_bytes_per_step"] == [(80 + 40) / 2, (40 + 20) / 2]
+    assert m["partition_messages_per_step"] == [(4 + 2) / 2, (2 + 1) / 2]
+    assert m["partition_cpu_s_per_step"] == [(0.2 + 0.2) / 2, (0.3 + 0.4) / 2]
