@@ -104,7 +104,7 @@ class RunSummary:
     # -- model parallelism --
     partition_bytes_per_step: list[float] | None = None
     partition_messages_per_step: list[float] | None = None
-    partition_cpu_s_per_step: list[float] | None = None  # each partition process's CPU in a step (the rest: waiting)
+    partition_cpu_s_per_step: list[float] | None = None  # each partition process's CPU in a step's passes
 
     # -- DDP --
     global_batch_size: int | None = None

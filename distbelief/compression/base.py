@@ -31,8 +31,8 @@ def from_wire(a: Any) -> torch.Tensor:
 class Codec(ABC):
     """One scheme for one model layout. ``ranges``: the flat ``[lo, hi)`` range of each shard, in shard order.
 
-    ``encode(a)`` returns one part per shard (picklable: numpy arrays, ``to_wire``, and numbers) from the full float32 flat vector
-    ``a``; ``decode(part, lo, hi)`` is the dense float32 range ``a``'s part stands for, as the shard applies it;
+    ``encode(a)`` returns one part per shard (numpy arrays, ``to_wire``, and numbers) from the full float32 flat
+    vector ``a``; ``decode(part, lo, hi)`` is the dense float32 range ``a``'s part stands for, as the shard applies it;
     ``formula_bytes(k)`` is what the scheme's arithmetic says part k weighs on the wire (``wire_bytes`` of the part
     must equal it: the tests hold them to it). A codec may keep state between pushes (PowerSGD's warm start), so
     each replica has its own."""

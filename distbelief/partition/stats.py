@@ -8,9 +8,9 @@ from typing import Any
 
 def messaging_metrics(replica_stats: list[dict[str, Any]]) -> dict[str, Any]:
     """The run's messaging statistics from the replicas' latest stats: bytes and messages each partition sent
-    per step, and the CPU seconds its process spent in a step (its compute and its share of the exchanges; the
-    rest of the step it waited for its neighbours), averaged over replicas, for ``metrics.jsonl`` and
-    ``summary.json``."""
+    per step, and the CPU seconds its process spent in a step's forward and backward passes (its layers and its
+    boundary messages; the passes' wall time less that, it waited for its neighbours), averaged over replicas,
+    for ``metrics.jsonl`` and ``summary.json``."""
     with_parts = [s for s in replica_stats if s.get("partitions")]
     per = [s["partitions"] for s in with_parts]
     if not per:
