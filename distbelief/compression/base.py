@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from abc import ABC, abstractmethod
 from typing import Any
 
@@ -10,11 +9,6 @@ import numpy as np
 import torch
 
 Range = tuple[int, int]
-
-# A part that crossed Ray arrives as read-only numpy arrays; decoding only reads them, so torch's warning about
-# wrapping non-writable memory is noise here.
-warnings.filterwarnings("ignore", message="The given (NumPy array|buffer) is not writable")
-
 
 def to_wire(t: torch.Tensor) -> np.ndarray:
     """A tensor as a part carries it: a numpy array of its values (its own memory). Ray serialises numpy arrays as
@@ -24,7 +18,8 @@ def to_wire(t: torch.Tensor) -> np.ndarray:
 
 
 def from_wire(a: Any) -> torch.Tensor:
-    """The tensor view of a part's array (no copy; a tensor is taken as it is)."""
+    """The tensor view of a part's array (no copy; a tensor is taken as it is). A part that crossed Ray is
+    read-only; decoding only reads it (ps/arrays.py silences torch's warning about that in the shards)."""
     return torch.as_tensor(a)
 
 

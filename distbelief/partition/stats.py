@@ -12,13 +12,15 @@ def messaging_metrics(replica_stats: list[dict[str, Any]]) -> dict[str, Any]:
     boundary messages; the passes' wall time less that, it waited for its neighbours), averaged over replicas,
     for ``metrics.jsonl`` and ``summary.json``."""
     with_parts = [s for s in replica_stats if s.get("partitions")]
-    per = [s["partitions"] for s in with_parts]
-    if not per:
+    if not with_parts:
         return {}
-    P = len(per[0])
+    P, n = len(with_parts[0]["partitions"]), len(with_parts)
+
+    def mean(per_step) -> list[float]:  # per partition, over the replicas
+        return [sum(per_step(s, s["partitions"][p]) for s in with_parts) / n for p in range(P)]
+
     return {
-        "partition_bytes_per_step": [sum(r[p]["bytes_per_step"] for r in per) / len(per) for p in range(P)],
-        "partition_messages_per_step": [sum(r[p]["messages_per_step"] for r in per) / len(per) for p in range(P)],
-        "partition_cpu_s_per_step": [sum(r[p]["compute_cpu_s"] / max(1, s["steps"]) for r, s in zip(per, with_parts))
-                                     / len(per) for p in range(P)],
+        "partition_bytes_per_step": mean(lambda s, part: part["bytes_per_step"]),
+        "partition_messages_per_step": mean(lambda s, part: part["messages_per_step"]),
+        "partition_cpu_s_per_step": mean(lambda s, part: part["compute_cpu_s"] / max(1, s["steps"])),
     }

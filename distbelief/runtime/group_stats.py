@@ -17,7 +17,7 @@ def merge_partition_stats(parts: list[dict[str, Any]]) -> dict[str, Any]:
         "bytes_sent": s["bytes_sent"], "messages_sent": s["messages_sent"],
         "bytes_per_step": s["bytes_sent"] / steps, "messages_per_step": s["messages_sent"] / steps,
         "bytes_by_phase": s["bytes_by_phase"], "compute_s": s["compute_s"], "wait_s": s["wait_s"],
-        "compute_cpu_s": s.get("compute_cpu_s", 0.0),
+        "compute_cpu_s": s["compute_cpu_s"],
     } for s in sorted(parts, key=lambda s: s["partition_id"])]
     acks = [s["acked"] for s in parts if s.get("acked")]
     return {
