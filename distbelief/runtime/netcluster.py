@@ -50,6 +50,7 @@ from pathlib import Path
 
 from distbelief.exceptions import ConfigError, DistBeliefError
 from distbelief.runtime.ray_notice import token_path, token_present
+from distbelief.runtime.ray_settings import system_config_flag
 
 STATE_DIR = Path("/run/distbelief")
 DEFAULT_NAME = "dbnet"
@@ -445,9 +446,10 @@ def _ray_start_command(c: Cluster, n: Node) -> list[str]:
            f"--resources={json.dumps(n.resources)}", f"--object-store-memory={c.object_store_mb * 2**20}",
            f"--temp-dir={c.temp_dir}/n{n.index}", "--disable-usage-stats", "--block"]
     if n.index == 0:
-        # as docs/cluster.md advises for a cluster distbelief joins: no Ray metrics exporter in every worker
+        # the local instance's settings, as docs/cluster.md advises for a cluster distbelief joins (the other
+        # nodes take them from the head)
         return cmd[:2] + ["--head", f"--port={HEAD_PORT}", "--include-dashboard=false",
-                          '--system-config={"enable_metrics_collection": false}'] + cmd[2:]
+                          system_config_flag()] + cmd[2:]
     return cmd[:2] + [f"--address={c.address}"] + cmd[2:]
 
 

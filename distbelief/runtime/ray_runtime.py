@@ -26,6 +26,7 @@ from distbelief.runtime import forwarded, ray_notice, shm, streams, transports
 from distbelief.runtime.base import Future, Role, Runtime, ShardClient, SplitFuture, _Mapped, part_values
 from distbelief.runtime.clocks import ClockGate
 from distbelief.runtime.partition_ray import create_ray_partition_group, kill_ray_partition
+from distbelief.runtime.ray_settings import SYSTEM_CONFIG
 from distbelief.runtime.transports.backup import BackupLink
 from distbelief.runtime.transports.calls import RayFuture as _RayFuture
 
@@ -45,17 +46,6 @@ def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
             f"no Ray cluster reachable at --address {address}: {e}. Start one with `RAY_AUTH_MODE=token ray "
             f"start --head --port={port}` on that host (docs/cluster.md), or omit --address to run locally."
         ) from None
-
-
-# Settings of the Ray instances we start ourselves (a cluster joined with --address keeps its own).
-SYSTEM_CONFIG = {
-    # Parameter slices of small models (up to 512 KiB) travel inline with the call instead of through the
-    # shared-memory store: measured ~1.3 ms vs ~2.2 ms per round trip for 160 KB here.
-    "max_direct_call_object_size": 512 * 1024,
-    # No Ray metrics (nothing reads them; no dashboard is started): their exporter thread runs in every worker,
-    # and in Ray 2.60 it crashed a shard's worker with SIGSEGV during our test suite.
-    "enable_metrics_collection": False,
-}
 
 
 # The node id of the local Ray instance that connect() started in this process (None: none, or it was shut down).

@@ -76,8 +76,8 @@ STEP_BLOCK = 5  # steps of one model timed in a row (after one untimed), as a re
 RULES = ("sgd", "adagrad")
 SCHEMES = ("fp16", "topk", "qsgd", "powersgd")
 COPY_BYTES = 32 * 2**20
-# Object sizes through the object store: ~200 KB (over Ray's 100 KiB limit for inline values, so it goes
-# through the store) shows the fixed cost, 1 MiB and 8 MiB the rate.
+# Object sizes through the object store: ~200 KB (over the inline limit of the calibration's Ray, its default
+# 100 KiB, so it goes through the store) shows the fixed cost, 1 MiB and 8 MiB the rate.
 OBJSTORE_SIZES = (200_000, 2**20, 8 * 2**20)
 # Replies of Ray actor calls on one node through its object store: a top-k part's size and a Fig. 4 shard's
 CALL_SIZES = (240_000, 4 * 2**20)

@@ -25,9 +25,11 @@ from collections import defaultdict
 
 import simpy
 
+# Ray sends smaller call arguments and replies inline, not through the object store: the limit of the instances
+# distbelief starts, and the one docs/cluster.md asks of a cluster a user starts
+from distbelief.runtime.ray_settings import INLINE_BYTES
 from distbelief.simulate.costs import Costs
 from distbelief.simulate.machines import Machines
-from distbelief.simulate.workload import INLINE_BYTES
 
 
 def local_object_cpu(nbytes: float, fixed_s: float, per_byte_s: float) -> float:

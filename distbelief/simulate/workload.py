@@ -16,7 +16,6 @@ from distbelief.ps.sharding import ShardLayout
 from distbelief.simulate.profile import ModelProfile, profile_model
 
 SIMULATED = ("downpour", "sync", "sandblaster")
-INLINE_BYTES = 100 * 1024  # Ray sends smaller call arguments and replies inline, not through the object store
 
 
 @dataclass(frozen=True)

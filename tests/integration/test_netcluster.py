@@ -18,6 +18,7 @@ import pytest
 from distbelief import cli
 from distbelief.exceptions import ConfigError
 from distbelief.runtime import netcluster as nc
+from distbelief.runtime.ray_settings import SYSTEM_CONFIG
 
 PY = [sys.executable, "-m", "distbelief.cli"]
 
@@ -116,6 +117,18 @@ def test_rates_and_delays_parse_as_tc_writes_them():
     assert c.address == "10.77.0.10:6379" and [n.netns for n in c.nodes][-1] == "dbplan-n3"
 
 
+def test_the_head_starts_with_the_local_instances_ray_settings_and_the_other_nodes_join_it():
+    """The cluster's nodes run with what a local instance gets (runtime/ray_settings.py): above all a 512 KiB
+    inline limit, without which a ~108 KB compressed part went through the object store and now and then waited
+    a second. The head is given them; a joining node takes them from the head (Ray refuses them there)."""
+    c = nc.plan("dbplan", nodes=3, shard_nodes=1, cpus_per_node=1)
+    head, other = nc._ray_start_command(c, c.nodes[0]), nc._ray_start_command(c, c.nodes[1])
+    flag = [a for a in head if a.startswith("--system-config=")]
+    assert len(flag) == 1 and json.loads(flag[0].split("=", 1)[1]) == SYSTEM_CONFIG
+    assert SYSTEM_CONFIG["max_direct_call_object_size"] == 512 * 1024 and "--head" in head
+    assert f"--address={c.address}" in other and not [a for a in other if a.startswith("--system-config")]
+
+
 def test_a_machine_without_a_ray_token_gets_one_before_the_head_starts(tmp_path, monkeypatch):
     """A fresh machine (no local Ray has run: no ~/.ray/auth_token) had its head start with authentication off
     and every joining node fail; `up` now makes the token first, with Ray's own command, and keeps one it finds."""
@@ -134,6 +147,24 @@ def test_a_machine_without_a_ray_token_gets_one_before_the_head_starts(tmp_path,
 # ------------------------------------------------------------------------------------------ Linux and root
 
 
+# Run in the head's namespace: how many nodes' object stores hold a reply of each size made on the node at argv[2]
+INLINE_PROBE = """
+import json, sys
+import numpy as np, ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+ray.init(address=sys.argv[1])
+(node,) = [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeManagerAddress"] == sys.argv[2]]
+make = ray.remote(lambda n: np.zeros(n // 8)).options(
+    num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
+held = {}
+for size in (300_000, 600_000):
+    ref = make.remote(size)
+    ray.get(ref, timeout=60)
+    held[str(size)] = len(ray.experimental.get_object_locations([ref])[ref]["node_ids"])
+print(json.dumps(held))
+"""
+
+
 @pytest.mark.slow
 @needs_netns
 @pytest.mark.timeout(300)
@@ -150,7 +181,8 @@ def test_a_downpour_run_over_shaped_links_moves_the_bytes_its_counters_say(tmp_p
     (bytes_fetched: the replicas' fetches and the driver's evaluation reads). Ray's own traffic on that link
     (heartbeats, resource reports) is measured first while idle, as a rate, and subtracted for the run's
     duration; what remains of Ray's is per call (task specs, object-transfer headers): small against a 315 KB
-    parameter vector. Then (b): `cluster status` sees the cluster; a node whose processes are all killed is seen
+    parameter vector. Then (b): `cluster status` sees the cluster; the head's Ray settings reached the joined nodes
+    (a 300 KB reply goes inline); a node whose processes are all killed is seen
     as not whole; `down` leaves no namespace, veth, bridge, process or state file, and a second `down` is a
     no-op."""
     name, subnet = "dbtest", "10.78.0"
@@ -200,6 +232,17 @@ def test_a_downpour_run_over_shaped_links_moves_the_bytes_its_counters_say(tmp_p
                             timeout=60, check=True)
         (seen,) = json.loads(st.stdout)
         assert seen["up"] and seen["address"] == address and all(n["alive"] for n in seen["nodes"])
+
+        # the head's settings reached the node that joined it: a 300 KB reply from node 1 travels inline (no
+        # node holds it in its object store), a 600 KB one through the store (runtime/ray_settings.py); with Ray's
+        # default 100 KiB both were held in stores
+        probe = subprocess.run(["ip", "netns", "exec", c.nodes[0].netns, sys.executable, "-c", INLINE_PROBE,
+                                address, c.nodes[1].ip], env={**_env(), "RAY_AUTH_MODE": "token"}, capture_output=True,
+                               text=True, timeout=120,
+                               check=False)
+        assert probe.returncode == 0, probe.stderr[-3000:]
+        held = json.loads(probe.stdout.strip().splitlines()[-1])
+        assert held["300000"] == 0 and held["600000"] >= 1, probe.stdout  # (1 or 2: the driver's copy, once read)
 
         # a node dies (every process in its namespace): the cluster is no longer whole, `down` still cleans up
         node1 = nc._netns_pids(c.nodes[1].netns)

@@ -10,6 +10,7 @@ import pytest
 
 from distbelief.config import RunConfig
 from distbelief.exceptions import ConfigError
+from distbelief.runtime.ray_settings import INLINE_BYTES, SYSTEM_CONFIG
 from distbelief.simulate.costs import Costs, load_costs
 from distbelief.simulate.downpour import DownpourRun, compute_seconds
 from distbelief.simulate.machines import Machines, parse_bandwidth
@@ -435,8 +436,9 @@ def test_a_model_parallel_replica_calls_its_shards_from_processes_of_its_own():
 
 
 def test_ray_calls_and_objects_on_one_node_cost_cpu_at_both_ends():
-    """A call costs ``call_cpu_s`` of CPU (half each end); an argument or reply over 100 KiB through one node's
-    object store ``local_object_cpu_s`` + ``local_object_cpu_s_per_byte`` per byte, half each end; across nodes an
+    """A call costs ``call_cpu_s`` of CPU (half each end); an argument or reply over the inline limit (the Ray
+    instances distbelief starts send up to 512 KiB inline, runtime/ray_settings.py) through one node's object
+    store ``local_object_cpu_s`` + ``local_object_cpu_s_per_byte`` per byte, half each end; across nodes an
     object's fixed CPU is ``objstore_cpu_s``, half on each node."""
     import simpy
 
@@ -447,10 +449,13 @@ def test_ray_calls_and_objects_on_one_node_cost_cpu_at_both_ends():
     env.run(env.process(world.send(0, 0, 1e6)))
     assert env.now == pytest.approx(0.003) and sum(world.cpu_busy.values()) == pytest.approx(0.003)
     env.run(env.process(world.send(0, 0, 1000)))  # inline: nothing
-    assert env.now == pytest.approx(0.003)
+    env.run(env.process(world.send(0, 0, 400_000)))  # a compressed part of ~100-400 KB too
+    assert env.now == pytest.approx(0.003) and INLINE_BYTES == SYSTEM_CONFIG["max_direct_call_object_size"]
     env = simpy.Environment()
     world = World(env, Machines(2, 1), free_costs(objstore_cpu_s=0.004))
     env.run(env.process(world.send(0, 1, 1e6)))
+    assert world.cpu_busy[0] == pytest.approx(0.002) and world.cpu_busy[1] == pytest.approx(0.002)
+    env.run(env.process(world.send(0, 1, 400_000)))  # inline with the call: no object's CPU
     assert world.cpu_busy[0] == pytest.approx(0.002) and world.cpu_busy[1] == pytest.approx(0.002)
     costs = free_costs(step_s=0.01, call_cpu_s=0.002)
     p = simulate(work(replicas=1, shards=1, compress="topk"), Machines(1, 2), costs)  # one call a step
