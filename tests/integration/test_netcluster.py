@@ -120,7 +120,8 @@ def test_rates_and_delays_parse_as_tc_writes_them():
 def test_the_head_starts_with_the_local_instances_ray_settings_and_the_other_nodes_join_it():
     """The cluster's nodes run with what a local instance gets (runtime/ray_settings.py): above all a 512 KiB
     inline limit, without which a ~108 KB compressed part went through the object store and now and then waited
-    a second. The head is given them; a joining node takes them from the head (Ray refuses them there)."""
+    a second. The head is given them; a joining node takes them from the head (the slow test below checks that
+    it did)."""
     c = nc.plan("dbplan", nodes=3, shard_nodes=1, cpus_per_node=1)
     head, other = nc._ray_start_command(c, c.nodes[0]), nc._ray_start_command(c, c.nodes[1])
     flag = [a for a in head if a.startswith("--system-config=")]
@@ -181,10 +182,9 @@ def test_a_downpour_run_over_shaped_links_moves_the_bytes_its_counters_say(tmp_p
     (bytes_fetched: the replicas' fetches and the driver's evaluation reads). Ray's own traffic on that link
     (heartbeats, resource reports) is measured first while idle, as a rate, and subtracted for the run's
     duration; what remains of Ray's is per call (task specs, object-transfer headers): small against a 315 KB
-    parameter vector. Then (b): `cluster status` sees the cluster; the head's Ray settings reached the joined nodes
-    (a 300 KB reply goes inline); a node whose processes are all killed is seen
-    as not whole; `down` leaves no namespace, veth, bridge, process or state file, and a second `down` is a
-    no-op."""
+    parameter vector. Then (b): `cluster status` sees the cluster; the head's Ray settings reached a joined node
+    (a 300 KB reply made there goes inline); a node whose processes are all killed is seen as not whole; `down`
+    leaves no namespace, veth, bridge, process or state file, and a second `down` is a no-op."""
     name, subnet = "dbtest", "10.78.0"
     delay = "1ms" if _has_netem() else "0"
     r = subprocess.run(PY + ["cluster", "up", "--name", name, "--subnet", subnet, "--nodes", "3", "--bandwidth",
@@ -237,9 +237,8 @@ def test_a_downpour_run_over_shaped_links_moves_the_bytes_its_counters_say(tmp_p
         # node holds it in its object store), a 600 KB one through the store (runtime/ray_settings.py); with Ray's
         # default 100 KiB both were held in stores
         probe = subprocess.run(["ip", "netns", "exec", c.nodes[0].netns, sys.executable, "-c", INLINE_PROBE,
-                                address, c.nodes[1].ip], env={**_env(), "RAY_AUTH_MODE": "token"}, capture_output=True,
-                               text=True, timeout=120,
-                               check=False)
+                                address, c.nodes[1].ip], env={**_env(), "RAY_AUTH_MODE": "token"},
+                               capture_output=True, text=True, timeout=120, check=False)
         assert probe.returncode == 0, probe.stderr[-3000:]
         held = json.loads(probe.stdout.strip().splitlines()[-1])
         assert held["300000"] == 0 and held["600000"] >= 1, probe.stdout  # (1 or 2: the driver's copy, once read)
