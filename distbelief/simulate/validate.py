@@ -267,11 +267,31 @@ def kendall_tau(a: list[float], b: list[float]) -> float:
     return s / (n * (n - 1) / 2)
 
 
+def round_as_prediction(runs: list[list[float]], rounds: int) -> dict:
+    """The targets' three numbers for one round taken as the prediction of another (``runs``: examples/s per
+    configuration, one per round): what the measurement itself scores when repeated minutes later, with the error
+    a prediction's (predicted over measured, minus 1). Of every ordered pair of rounds, the one with the lowest
+    max error: the best the measurement does against itself."""
+    best = None
+    for i in range(rounds):
+        for j in range(rounds):
+            if i == j:
+                continue
+            errs = [abs(x[i] / x[j] - 1) for x in runs]
+            score = {"mean_error": sum(errs) / len(errs), "max_error": max(errs),
+                     "kendall_tau": kendall_tau([x[i] for x in runs], [x[j] for x in runs]),
+                     "prediction_round": i + 1, "measured_round": j + 1}
+            if best is None or score["max_error"] < best["max_error"]:
+                best = score
+    return best
+
+
 def rounds_agreement(records: list[dict], predicted: list[float] | None = None) -> dict | None:
     """How far the measurement agrees with itself, for records measured in several rounds (``median_records``:
     ``examples_per_s_runs``, as many rounds each): Kendall's tau between every two rounds' rankings (the lowest),
     the pairs of configurations that some two rounds order differently, and each configuration's spread between
-    its rounds (largest over smallest, minus 1). With ``predicted`` (examples/s per record), also how many of
+    its rounds (largest over smallest, minus 1), and a round's scores as the prediction of another
+    (``round_as_prediction``). With ``predicted`` (examples/s per record), also how many of
     the pairs that every round orders alike the prediction orders that way too. None with fewer than two rounds
     or records."""
     runs = [r.get("examples_per_s_runs") or [] for r in records]
@@ -289,7 +309,7 @@ def rounds_agreement(records: list[dict], predicted: list[float] | None = None) 
     out = {"rounds": rounds, "kendall_tau_between_rounds": min(taus), "pairs": len(swapped) + len(alike),
            "pairs_swapped": [[records[a]["name"], records[b]["name"]] for a, b in swapped],
            "spread": {r["name"]: s for r, s in zip(records, spread)}, "spread_max": max(spread),
-           "spread_median": statistics.median(spread)}
+           "spread_median": statistics.median(spread), "round_as_prediction": round_as_prediction(runs, rounds)}
     if predicted is not None:
         measured = [r["examples_per_s"] for r in records]
         otherwise = [(a, b) for a, b in alike if (measured[a] - measured[b]) * (predicted[a] - predicted[b]) <= 0]
@@ -383,6 +403,12 @@ def format_comparison(c: dict) -> str:
                      f"{len(m['pairs_swapped'])} of {m['pairs']} pairs ordered differently by them ({swapped}); a "
                      f"configuration's rounds differ by {m['spread_median']:.1%} (median), "
                      f"{m['spread_max']:.1%} at most ({worst})")
+        r = m.get("round_as_prediction")
+        if r:
+            lines.append(f"round {r['prediction_round']} taken as the prediction of round {r['measured_round']} (what "
+                         f"repeating the measurement minutes later scores on the targets' terms; the best of every "
+                         f"two rounds): mean error {r['mean_error']:.1%}, max {r['max_error']:.1%}, Kendall tau "
+                         f"{r['kendall_tau']:.3f}")
         if "pairs_alike" in m:
             otherwise = "; ".join(" / ".join(p) for p in m["pairs_alike_predicted_otherwise"])
             lines.append(f"of the {m['pairs_alike']} pairs every round orders alike, the prediction orders "

@@ -281,6 +281,12 @@ def test_the_validation_says_how_far_its_rounds_agree_with_each_other():
     assert m["spread"]["b"] == pytest.approx(0.3) and m["spread_max"] == pytest.approx(0.3)
     assert m["pairs_alike"] == 2 and m["pairs_alike_predicted_so"] == 1
     assert m["pairs_alike_predicted_otherwise"] == [["a", "b"]]
+    # round 2 as the prediction of round 1 errs by 10 %, 30 % and 19 % (max 30 %); round 1 of round 2 by 9.1 %,
+    # 23.1 % and 16 %: the better ordering, kept; the rounds order b and c differently, so tau is 1/3
+    r = m["round_as_prediction"]
+    assert (r["prediction_round"], r["measured_round"]) == (1, 2)
+    assert r["max_error"] == pytest.approx(60 / 260) and r["kendall_tau"] == pytest.approx(1 / 3)
+    assert r["mean_error"] == pytest.approx((10 / 110 + 60 / 260 + 40 / 250) / 3)
     assert rounds_agreement([rec("a", [1.0]), rec("b", [2.0])]) is None  # one round: nothing to say
 
 
