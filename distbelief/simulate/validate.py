@@ -405,10 +405,10 @@ def format_comparison(c: dict) -> str:
                      f"{m['spread_max']:.1%} at most ({worst})")
         r = m.get("round_as_prediction")
         if r:
-            lines.append(f"round {r['prediction_round']} taken as the prediction of round {r['measured_round']} (what "
-                         f"repeating the measurement minutes later scores on the targets' terms; the best of every "
-                         f"two rounds): mean error {r['mean_error']:.1%}, max {r['max_error']:.1%}, Kendall tau "
-                         f"{r['kendall_tau']:.3f}")
+            lines.append(f"round {r['prediction_round']} taken as the prediction of round "
+                         f"{r['measured_round']} (what repeating the measurement minutes later scores on the "
+                         f"targets' terms; the best of every two rounds): mean error {r['mean_error']:.1%}, max "
+                         f"{r['max_error']:.1%}, Kendall tau {r['kendall_tau']:.3f}")
         if "pairs_alike" in m:
             otherwise = "; ".join(" / ".join(p) for p in m["pairs_alike_predicted_otherwise"])
             lines.append(f"of the {m['pairs_alike']} pairs every round orders alike, the prediction orders "
