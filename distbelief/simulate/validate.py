@@ -272,18 +272,12 @@ def round_as_prediction(runs: list[list[float]], rounds: int) -> dict:
     configuration, one per round): what the measurement itself scores when repeated minutes later, with the error
     a prediction's (predicted over measured, minus 1). Of every ordered pair of rounds, the one with the lowest
     max error: the best the measurement does against itself."""
-    best = None
-    for i in range(rounds):
-        for j in range(rounds):
-            if i == j:
-                continue
-            errs = [abs(x[i] / x[j] - 1) for x in runs]
-            score = {"mean_error": sum(errs) / len(errs), "max_error": max(errs),
-                     "kendall_tau": kendall_tau([x[i] for x in runs], [x[j] for x in runs]),
-                     "prediction_round": i + 1, "measured_round": j + 1}
-            if best is None or score["max_error"] < best["max_error"]:
-                best = score
-    return best
+    orders = [(i, j) for i in range(rounds) for j in range(rounds) if i != j]
+    errors = {(i, j): [abs(x[i] / x[j] - 1) for x in runs] for i, j in orders}
+    (i, j), errs = min(errors.items(), key=lambda kv: max(kv[1]))
+    return {"mean_error": sum(errs) / len(errs), "max_error": max(errs),
+            "kendall_tau": kendall_tau([x[i] for x in runs], [x[j] for x in runs]),
+            "prediction_round": i + 1, "measured_round": j + 1}
 
 
 def rounds_agreement(records: list[dict], predicted: list[float] | None = None) -> dict | None:
