@@ -634,7 +634,7 @@ class ParameterServerTrainer:
             for st in self.replicas.values():
                 if st.role is not None:
                     try:
-                        self.runtime.kill(st.role)
+                        self.runtime.release(st.role)
                     except Exception:  # noqa: BLE001
                         pass
         self.final_flat = flat

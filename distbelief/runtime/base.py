@@ -318,6 +318,11 @@ class Runtime(ABC):
     def kill(self, role: Role) -> None:
         """Kill a role abruptly (fault injection and cleanup)."""
 
+    def release(self, role: Role) -> None:
+        """``role`` finished its work (a run's end): stop it. A runtime that keeps idle processes for the next
+        run (Ray's warm pool, runtime/warm.py) may keep its process instead."""
+        self.kill(role)
+
     @abstractmethod
     def wait_any(self, futures: list[Future], timeout_s: float) -> list[Future]:
         """Return the subset of ``futures`` that are done, waiting at most ``timeout_s`` for at least one."""

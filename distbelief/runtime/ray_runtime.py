@@ -10,6 +10,7 @@ consistent.
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import os
 import socket
@@ -29,6 +30,7 @@ from distbelief.runtime.partition_ray import create_ray_partition_group, kill_ra
 from distbelief.runtime.ray_settings import SYSTEM_CONFIG
 from distbelief.runtime.transports.backup import BackupLink
 from distbelief.runtime.transports.calls import RayFuture as _RayFuture
+from distbelief.runtime.warm import WarmKey, WarmPool
 
 
 def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
@@ -119,6 +121,44 @@ def connect(address: str | None = None, num_cpus: int | None = None) -> None:
         _local_node_id = ray.get_runtime_context().get_node_id()
 
 
+# The idle role processes of finished runs on the local instance, for the next run's roles (runtime/warm.py).
+_WARM = WarmPool()
+RETIRE_TIMEOUT_S = 10.0  # how long a finished run waits for its roles to say they are idle (else: stopped)
+
+
+def _kill_all(actors) -> None:
+    for a in actors:
+        try:
+            ray.kill(a, no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone, or its Ray instance is
+            pass
+
+
+def release_workers() -> int:
+    """Stop the warm role processes that finished runs left idle (runtime/warm.py); returns how many.
+    ``ray.shutdown()`` stops them too, with the rest of the local Ray instance."""
+    idle = _WARM.evict(_local_node_id, holding_only=False)
+    _kill_all(idle)
+    return len(idle)
+
+
+def warm_workers() -> int:
+    """How many idle role processes wait in the warm pool for the next run on this local Ray instance."""
+    return _WARM.size(_local_node_id)
+
+
+def _warm_key(stream_calls: int, options: dict) -> WarmKey:
+    strategy = options.get("scheduling_strategy")
+    node = getattr(strategy, "node_id", None)
+    if node is not None:
+        node = f"{node} {'soft' if strategy.soft else 'strict'}"
+    elif strategy is not None:
+        node = str(strategy)
+    return WarmKey(stream_calls, float(options.get("num_cpus") or 0.0), float(options.get("num_gpus") or 0.0),
+                   int(options.get("max_concurrency", 1)), tuple(sorted((options.get("resources") or {}).items())),
+                   node)
+
+
 # Shard placement. A node started with this custom resource (`ray start --resources='{"distbelief_shard": 1}'`)
 # is dedicated to parameter shards: when the cluster has any, every shard asks for a sliver of it and so lands on
 # one of them. Each shard asks for 1/1000, so a dedicated node can host up to 1000 shards.
@@ -175,7 +215,8 @@ def role_actor(stream_calls: int = 1):
     """The Ray actor class that hosts a role, with ``stream_calls`` threads for stream calls (a shard's; other
     roles make none). Ray takes a concurrency group's size from the class, not from ``.options()``."""
     if stream_calls not in _ACTOR_CLASSES:
-        _ACTOR_CLASSES[stream_calls] = ray.remote(concurrency_groups={"streams": stream_calls})(RoleActor)
+        _ACTOR_CLASSES[stream_calls] = ray.remote(
+            concurrency_groups={"streams": stream_calls, "control": 1})(RoleActor)
     return _ACTOR_CLASSES[stream_calls]
 
 
@@ -184,12 +225,32 @@ class RoleActor:
 
     A shard's calls run one at a time (``max_concurrency = 1``), except its stream calls (runtime/streams.py):
     they run in a group of their own so that waiting for a push's bytes holds no one, and then apply under
-    ``_serial``, which every call that touches the shard holds once a stream is open."""
+    ``_serial``, which every call that touches the shard holds once a stream is open.
+
+    A warm process (runtime/warm.py) hosts one role after another: ``retire`` empties it once its role is idle,
+    ``become`` builds the next role in it. Every call that touches the role waits while one is being built, and
+    counts itself in flight, so that ``retire`` never empties a process that is answering a call."""
+
+    BECOME_TIMEOUT_S = 180.0  # how long a call waits for the role a warm process is building (become)
 
     def __init__(self, threads: int, factory: Callable, *args):
         import torch
 
+        # The default generator's state in a fresh process: every role built here starts from it, as it would
+        # in a process of its own (a role that draws from the global generator draws the same numbers).
+        self._rng0 = torch.random.get_rng_state()
+        self._count_lock = threading.Lock()
+        self._inflight = 0
+        self._built = threading.Event()
+        self._become_error: BaseException | None = None
+        self._setup(threads, factory, args)
+        self._built.set()
+
+    def _setup(self, threads: int, factory: Callable, args: tuple) -> None:
+        import torch
+
         torch.set_num_threads(max(1, threads))
+        torch.random.set_rng_state(self._rng0)
         self.obj = factory(*args)
         self._shm = shm.Attached()
         # Bytes of the arrays that arrived as call arguments: what really reached this process (a shard's own
@@ -199,8 +260,58 @@ class RoleActor:
         self._stream_timeout_s = 120.0
         self._serial: Any = contextlib.nullcontext()  # a lock once a stream call can run beside the others
 
+    @contextlib.contextmanager
+    def _active(self):
+        """Around every call that touches the role: waits while the role is being built (``become``) and
+        counts the call in flight."""
+        while True:
+            if not self._built.wait(self.BECOME_TIMEOUT_S):
+                raise RuntimeError("this worker process hosts no role (it is idle in the warm pool)")
+            with self._count_lock:
+                if self._built.is_set():
+                    self._inflight += 1
+                    break
+        try:
+            if self._become_error is not None:
+                raise RuntimeError(f"this role could not be built: {self._become_error!r}")
+            yield
+        finally:
+            with self._count_lock:
+                self._inflight -= 1
+
+    @ray.method(concurrency_group="control")
+    def become(self, threads: int, factory: Callable, *args) -> int:
+        """Build the next role in this warm process (emptied by ``retire``), as the constructor built the first;
+        returns the pid. Calls that arrive meanwhile wait for it (the control group leaves them their threads)."""
+        if self._built.is_set():
+            raise RuntimeError("become: this process still hosts a role")
+        try:
+            self._become_error = None
+            self._setup(threads, factory, args)
+        except BaseException as e:
+            self._become_error = e
+            raise
+        finally:
+            self._built.set()
+        return os.getpid()
+
+    def retire(self) -> bool:
+        """Empty this process for the warm pool, if its role is idle: no call in flight, no stream open, no
+        thread of the role's still running (a background snapshot). False, leaving everything as it is,
+        otherwise (the runtime then stops the process)."""
+        with self._count_lock:
+            if self._inflight or self._streams or self._become_error is not None or not self._built.is_set():
+                return False
+            if any(t.is_alive() and t.name.startswith("distbelief") for t in threading.enumerate()):
+                return False
+            self._built.clear()
+        self.obj = None
+        self._shm = shm.Attached()  # (its mappings of the run's buffers go with the old one)
+        gc.collect()  # the role's arrays (and mapped buffers) now, not at some later collection
+        return True
+
     def call(self, method: str, *args, **kwargs):
-        with self._serial:
+        with self._active(), self._serial:
             self.received += _array_bytes(args)
             value = getattr(self.obj, method)(*args, **kwargs)
             return forwarded.answer(self.obj, value) if method == "push" else value
@@ -210,7 +321,7 @@ class RoleActor:
         reference among them) and then its ``fetch`` (the rest) in one call, the object-store transport's fused
         step: ``(version after the push, fetch's answer)``, with the backup's acknowledgement of the push if one."""
         push_args, fetch_args = args[:num_push_args], args[num_push_args:]
-        with self._serial:
+        with self._active(), self._serial:
             self.received += _array_bytes(push_args)
             pushed = self.obj.push(*push_args)
             return forwarded.answer(self.obj, (pushed, self.obj.fetch(*fetch_args)))
@@ -218,40 +329,43 @@ class RoleActor:
     def call_placed(self, method: str, lo: int, *parts):
         """``method(*parts, offset=lo)``, the parts covering flat ``[lo, lo + len)`` (Runtime.call_with_parts):
         only the parts crossed the network."""
-        with self._serial:
+        with self._active(), self._serial:
             self.received += sum(_part_bytes(p) for p in parts)
             return getattr(self.obj, method)(*[part_values(p) for p in parts], offset=lo)
 
     def received_bytes(self) -> int:
-        return self.received
+        with self._active():
+            return self.received
 
     # The shared-memory data plane (runtime/shm.py): the bulk bytes of a push or fetch are in a replica's buffer.
     def push_shm(self, path: str, size: int, *push_args):
-        with self._serial:
+        with self._active(), self._serial:
             return forwarded.answer(self.obj, self._shm.push(self.obj, path, size, *push_args))
 
     def fetch_shm(self, path: str, size: int, replica_id: int):
-        with self._serial:
+        with self._active(), self._serial:
             return self._shm.fetch(self.obj, path, size, replica_id)
 
     def push_fetch_shm(self, push_path: str, fetch_path: str, size: int, *push_args):
-        with self._serial:
+        with self._active(), self._serial:
             return forwarded.answer(self.obj, self._shm.push_fetch(self.obj, push_path, fetch_path, size,
                                                                    *push_args))
 
     # The stream data plane (runtime/streams.py): the bulk bytes of a push or fetch come by a replica's stream.
     def stream_open(self, name: str, host: str, port: int, size: int, timeout_s: float) -> bool:
         """Join the stream ``name`` that a replica is opening at the same time (its store at ``host:port``)."""
-        if not self._streams:
-            # (here, in the default group, no other call runs: from now on stream calls can, so calls serialise)
-            self._serial = threading.RLock()
-        for old in [n for n, end in self._streams.items() if end.error is not None]:
-            self._streams.pop(old).close()  # replicas that are gone
-        store = streams.open_store(host, port, False, timeout_s)
-        pg = streams.open_pair(store, name, 1, ray.util.get_node_ip_address(), timeout_s, streams.FOREVER)
-        self._streams[name] = streams.ShardEnd(pg, size, f"stream {name}", store)
-        self._stream_timeout_s = timeout_s
-        return True
+        with self._active():
+            if not self._streams:
+                # (here, in the default group, no other call runs: from now on stream calls can, so calls
+                # serialise)
+                self._serial = threading.RLock()
+            for old in [n for n, end in self._streams.items() if end.error is not None]:
+                self._streams.pop(old).close()  # replicas that are gone
+            store = streams.open_store(host, port, False, timeout_s)
+            pg = streams.open_pair(store, name, 1, ray.util.get_node_ip_address(), timeout_s, streams.FOREVER)
+            self._streams[name] = streams.ShardEnd(pg, size, f"stream {name}", store)
+            self._stream_timeout_s = timeout_s
+            return True
 
     def _stream(self, name: str):
         end = self._streams.get(name)
@@ -279,32 +393,35 @@ class RoleActor:
         """``push`` with the gradient taken from stream ``name`` (its push number ``index``), once the stream's
         first ``after_fetches`` fetches (those the replica sent before it) are answered; ``push_args`` are push's
         other arguments in order (replica id, offset, version, examples, session, seq)."""
-        end = self._stream(name)
-        g = end.take_push(index, self._stream_timeout_s)
-        end.await_answered(after_fetches, self._stream_timeout_s)
-        with self._serial:
-            return forwarded.answer(self.obj, self._pushed(end, index, g, push_args))
+        with self._active():
+            end = self._stream(name)
+            g = end.take_push(index, self._stream_timeout_s)
+            end.await_answered(after_fetches, self._stream_timeout_s)
+            with self._serial:
+                return forwarded.answer(self.obj, self._pushed(end, index, g, push_args))
 
     @ray.method(concurrency_group="streams")
     def fetch_stream(self, name: str, index: int, after_pushes: int, replica_id: int) -> int:
         """``fetch``, its values sent on stream ``name`` (its fetch number ``index``) once the stream's first
         ``after_pushes`` pushes (those the replica sent before it) are applied; returns the version. (Calls of one
         stream so keep the order the replica sent them in, as Ray keeps one caller's calls to an actor.)"""
-        end = self._stream(name)
-        end.await_applied(after_pushes, self._stream_timeout_s)
-        with self._serial:
-            return self._fetched(end, index, replica_id)
+        with self._active():
+            end = self._stream(name)
+            end.await_applied(after_pushes, self._stream_timeout_s)
+            with self._serial:
+                return self._fetched(end, index, replica_id)
 
     @ray.method(concurrency_group="streams")
     def push_fetch_stream(self, name: str, push_index: int, fetch_index: int, *push_args):
         """``push_stream`` then ``fetch_stream`` in one call (its fetch is the stream's next: ``fetch_index - 1``
         fetches came before the push)."""
-        end = self._stream(name)
-        g = end.take_push(push_index, self._stream_timeout_s)
-        end.await_answered(fetch_index - 1, self._stream_timeout_s)
-        with self._serial:
-            pushed = self._pushed(end, push_index, g, push_args)
-            return forwarded.answer(self.obj, (pushed, self._fetched(end, fetch_index, push_args[0])))
+        with self._active():
+            end = self._stream(name)
+            g = end.take_push(push_index, self._stream_timeout_s)
+            end.await_answered(fetch_index - 1, self._stream_timeout_s)
+            with self._serial:
+                pushed = self._pushed(end, push_index, g, push_args)
+                return forwarded.answer(self.obj, (pushed, self._fetched(end, fetch_index, push_args[0])))
 
     def pid(self) -> int:
         return os.getpid()
@@ -481,8 +598,14 @@ class RayRuntime(Runtime):
 
     def __init__(self, address: str | None = None, num_cpus: int | None = None, replica_cpus: float = 1.0,
                  shard_cpus: float = 0.0, startup_timeout_s: float = 180.0, remote_timeout_s: float = 120.0,
-                 use_shm: bool = True, colocate: bool = True, use_streams: bool = True):
+                 use_shm: bool = True, colocate: bool = True, use_streams: bool = True, reuse_workers: bool = True):
         connect(address, num_cpus)
+        # Build roles in the warm processes of finished runs, and leave this run's there when it ends (local
+        # instance only: runtime/warm.py).
+        self.reuse_workers = reuse_workers
+        self._warm_keys: dict[Any, WarmKey] = {}  # by actor id: the options each role process was started with
+        self._becoming: dict[Any, Any] = {}  # by actor id: the ``become`` call of a role built in a warm process
+        self._gone: set = set()  # ids of the actors that kill() stopped
         self.replica_cpus, self.shard_cpus = replica_cpus, shard_cpus
         self.partition_cpus = 1.0  # each partition actor of a partitioned replica (partition_ray)
         # GPUs each replica actor asks Ray for (device = "cuda": 1; Ray then shows it only that GPU). With
@@ -563,7 +686,44 @@ class RayRuntime(Runtime):
                 f"GPU nodes",
             )
 
+    def _warm_here(self) -> bool:
+        return self.reuse_workers and started_locally()
+
+    def _start_role(self, stream_calls: int, options: dict, threads: int, factory: Callable, *args):
+        """A RoleActor with ``options`` hosting ``factory(*args)``: built in a warm process started with the
+        same options if the pool has one, else in a new process."""
+        key = _warm_key(stream_calls, options)
+        actor = None
+        if self._warm_here():
+            actor = _WARM.take(_local_node_id, key)
+            if actor is None and key.holds_resources:
+                _kill_all(_WARM.evict(_local_node_id))  # idle processes must not keep this one waiting for a CPU
+        if actor is None:
+            actor = role_actor(stream_calls).options(**options).remote(threads, factory, *args)
+        else:
+            self._becoming[actor._actor_id] = actor.become.remote(threads, factory, *args)
+        self._actors.append(actor)
+        self._warm_keys[actor._actor_id] = key
+        return actor
+
+    def _retire_idle(self, actors: list) -> list:
+        """Empty this run's role processes into the warm pool, if every one of them is idle (a role still busy
+        -- an interrupted or failed run -- may yet touch the others: then none is kept); returns those kept."""
+        roles = [a for a in actors if a._actor_id in self._warm_keys and a._actor_id not in self._gone]
+        if not roles:
+            return []
+        try:
+            idle = ray.get([a.retire.remote() for a in roles], timeout=RETIRE_TIMEOUT_S)
+        except Exception:  # noqa: BLE001 - one died, or did not answer: keep none
+            return []
+        if not all(idle):
+            return []
+        _kill_all(_WARM.give(_local_node_id, [(self._warm_keys[a._actor_id], a) for a in roles]))
+        return roles
+
     def create_partition_group(self, replica_id, factory, shards, layout, threads, num_partitions) -> Role:
+        if self._warm_here():  # its placement group must not wait for CPUs that idle processes hold
+            _kill_all(_WARM.evict(_local_node_id))
         role = create_ray_partition_group(self, replica_id, factory, shards, layout, threads, num_partitions,
                                           adopt=self._actors.append)
         self._groups.append(role)  # shutdown() releases its placement group too
@@ -573,6 +733,9 @@ class RayRuntime(Runtime):
         kill_ray_partition(role, partition_id)
 
     def _ready(self, actor, role_name: str) -> None:
+        becoming = self._becoming.pop(actor._actor_id, None)
+        if becoming is not None:  # built in a warm process: its failure is the become call's
+            _RayFuture(becoming, role_name).result(self.startup_timeout_s)
         _RayFuture(actor.pid.remote(), role_name).result(self.startup_timeout_s)
 
     def _shard_placement(self, shard_id: int, away_from: Role | None = None) -> dict:
@@ -617,10 +780,9 @@ class RayRuntime(Runtime):
         return self._place_shard(shard_id, factory, self._shard_placement(shard_id, away_from=away_from))
 
     def _place_shard(self, shard_id: int, factory, placement: dict) -> Role:
-        shard_class = role_actor(stream_threads(self._replicas_hint))
-        actor = shard_class.options(num_cpus=self.shard_cpus, max_concurrency=1, max_restarts=0,
-                                    **placement).remote(1, factory)
-        self._actors.append(actor)
+        actor = self._start_role(stream_threads(self._replicas_hint),
+                                 dict(num_cpus=self.shard_cpus, max_concurrency=1, max_restarts=0, **placement), 1,
+                                 factory)
         role = Role("shard", shard_id, actor)
         strategy = placement.get("scheduling_strategy")
         role.node_hint = getattr(strategy, "node_id", None)  # the node it was asked to go to, if one
@@ -634,17 +796,18 @@ class RayRuntime(Runtime):
         # A replica whose pushes are encoded (compressed) sends them as call arguments, the object store's way:
         # the shared-memory planes move dense float32 vectors.
         dense = not getattr(factory, "pushes_encoded", False)
-        actor = role_actor().options(num_cpus=self.replica_cpus, num_gpus=self.replica_gpus, max_concurrency=4,
-                                  max_restarts=0).remote(
+        actor = self._start_role(
+            1, dict(num_cpus=self.replica_cpus, num_gpus=self.replica_gpus, max_concurrency=4, max_restarts=0),
             threads, _build_replica, handles, layout, replica_id, self.remote_timeout_s, factory,
             self.shm_prefix if dense else None, self.colocate and dense, self.streams and dense)
-        self._actors.append(actor)
         return Role("replica", replica_id, actor)
 
     def free_replica_slots(self) -> int:
         """Replicas the cluster's free CPUs (and GPUs, for replicas that ask for one) would hold now."""
         free = ray.available_resources()
-        slots = int(free.get("CPU", 0.0) / self.replica_cpus + 1e-6) if self.replica_cpus > 0 else 1 << 20
+        # (the CPUs idle warm processes hold are free: a new replica takes one, or stops them)
+        cpus = free.get("CPU", 0.0) + (_WARM.idle_cpus(_local_node_id) if self._warm_here() else 0.0)
+        slots = int(cpus / self.replica_cpus + 1e-6) if self.replica_cpus > 0 else 1 << 20
         if self.replica_gpus > 0:
             slots = min(slots, int(free.get("GPU", 0.0) / self.replica_gpus + 1e-6))
         return slots
@@ -686,7 +849,13 @@ class RayRuntime(Runtime):
         if release is not None:  # a partitioned replica: its partition actors and placement group go too
             release()
         else:
+            self._gone.add(role.handle._actor_id)
             ray.kill(role.handle, no_restart=True)
+
+    def release(self, role: Role) -> None:
+        if getattr(role, "release", None) is not None or not self._warm_here():
+            self.kill(role)
+        # else: it stays up; shutdown() empties it into the warm pool, if every role then is idle
 
     def avoidably_together(self, a: Role, b: Role) -> bool:
         try:
@@ -742,11 +911,9 @@ class RayRuntime(Runtime):
         for g in self._groups:
             g.release()
         self._groups.clear()
-        for a in self._actors:
-            try:
-                ray.kill(a, no_restart=True)
-            except Exception:  # noqa: BLE001 - already gone
-                pass
-        self._actors.clear()
+        actors, self._actors = self._actors, []
+        kept = {a._actor_id for a in (self._retire_idle(actors) if self._warm_here() else [])}
+        _kill_all([a for a in actors if a._actor_id not in kept])
+        self._becoming.clear()
         if self.shm_prefix:
             shm.remove_all(self.shm_prefix)

@@ -354,7 +354,7 @@ class SandblasterTrainer:
             roles = [s.role for s in self.coord.slots.values()] if self.coord else list(replicas.values())
             for role in roles:
                 try:
-                    self.runtime.kill(role)
+                    self.runtime.release(role)
                 except Exception:  # noqa: BLE001 - already gone
                     pass
         c = coord.stats()

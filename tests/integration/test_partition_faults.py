@@ -14,6 +14,7 @@ from ray.util import placement_group_table
 
 from distbelief import ConfigError
 from distbelief.api import train_task
+from distbelief.runtime.ray_runtime import release_workers, warm_workers
 from distbelief.testing import Faults
 from tests.conftest import config_and_faults
 
@@ -110,11 +111,11 @@ def live_ray_state() -> tuple[int, Counter]:
     return pgs, actors
 
 
-def wait_until_nothing_live(timeout_s: float = 10.0) -> tuple[int, Counter]:
+def wait_until_nothing_live(timeout_s: float = 10.0, idle: int = 0) -> tuple[int, Counter]:
     """``live_ray_state()`` once the actors and placement groups of finished runs are gone (ray.kill and
-    placement group removal complete asynchronously)."""
+    placement group removal complete asynchronously), but for ``idle`` role processes in the warm pool."""
     deadline = time.monotonic() + timeout_s
-    while (state := live_ray_state()) != (0, Counter()) and time.monotonic() < deadline:
+    while (state := live_ray_state()) != (0, +Counter(RoleActor=idle)) and time.monotonic() < deadline:
         time.sleep(0.2)
     return state
 
@@ -125,6 +126,7 @@ def wait_until_nothing_live(timeout_s: float = 10.0) -> tuple[int, Counter]:
 class TestRayPartitionFaults:
     @pytest.mark.timeout(180)
     def test_ray_partition_process_killed_restarts_its_group_and_leaks_nothing(self, capsys):
+        release_workers()  # (the idle processes earlier tests' runs left in the warm pool)
         assert wait_until_nothing_live() == (0, Counter())
         snapshots = []  # (training clock, live placement groups, live actors) at every evaluation
 
@@ -143,7 +145,11 @@ class TestRayPartitionFaults:
         want = Counter(PartitionActor=4, PartitionGroupActor=2, RoleActor=2)
         for t, pgs, actors in checked:
             assert (pgs, actors) == (2, want), f"at {t:.1f}s (partition killed at {killed_at:.1f}s)"
-        # And when the run is over, nothing at all.
+        # And when the run is over, nothing but the shards' processes, idle in the warm pool (the run's partition
+        # actors and placement groups are never kept); once those are stopped, nothing at all.
+        assert warm_workers() == 2
+        assert wait_until_nothing_live(idle=2) == (0, Counter(RoleActor=2))
+        assert release_workers() == 2
         assert wait_until_nothing_live() == (0, Counter())
 
     @pytest.mark.timeout(180)

@@ -1,0 +1,30 @@
+"""Roles and a model for tests/integration/test_warm_workers.py, in a module Ray's workers can import."""
+
+import time
+
+from torch import nn
+
+
+def make_dropout_model():
+    """Dropout draws from the replica process's global generator: a warm process must start from a fresh one's."""
+    return nn.Sequential(nn.Linear(7, 16), nn.Tanh(), nn.Dropout(0.5), nn.Linear(16, 3))
+
+
+class Waiter:
+    """A role whose ``wait`` holds a call open for a while."""
+
+    def wait(self, seconds: float) -> str:
+        time.sleep(seconds)
+        return "waited"
+
+    def name(self) -> str:
+        return "waiter"
+
+
+class Other:
+    def name(self) -> str:
+        return "other"
+
+
+def broken():
+    raise ValueError("no such role")
