@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import sys
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -445,6 +446,13 @@ def _replicas_on_device(runtime, cfg: RunConfig) -> None:
         runtime.replica_gpus_if_free = takes and cfg.device == "auto"
     elif runtime.name == "inprocess" and takes:
         check_cuda_here(cfg.device, "the inprocess runtime")
+
+
+def release_workers() -> int:
+    """Stop the worker processes that finished runs left idle on the local Ray instance for the next run in this
+    process (docs/api.md, "Runs in a row"); returns how many. Nothing to do without a local Ray."""
+    module = sys.modules.get("distbelief.runtime.ray_runtime")
+    return module.release_workers() if module is not None else 0
 
 
 def make_runtime(cfg: RunConfig):

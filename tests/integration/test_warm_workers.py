@@ -7,9 +7,9 @@ import pytest
 import ray
 import torch
 
-from distbelief import train
+from distbelief import release_workers, train
 from distbelief.exceptions import RoleFailedError
-from distbelief.runtime.ray_runtime import RayRuntime, release_workers, role_actor, warm_workers
+from distbelief.runtime.ray_runtime import RayRuntime, role_actor, warm_workers
 from tests.integration.warm_support import Other, Waiter, broken, make_dropout_model
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.usefixtures("ray_local")]
