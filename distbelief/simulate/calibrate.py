@@ -127,6 +127,11 @@ class StepPoint:
     seconds: float
 
 
+class NoPositiveFit(ValueError):
+    """The measurements admit no fit with every coefficient of the right sign: noise outweighed what they
+    measure (timing them again, with more repeats, is the remedy)."""
+
+
 def least_squares(rows: Sequence[Sequence[float]], seconds: Sequence[float], names: Sequence[str],
                   may_be_zero: Sequence[str] = ()) -> dict[str, float]:
     """The coefficients (by ``names``) that make ``rows @ coefficients`` closest to ``seconds`` in relative
@@ -140,7 +145,7 @@ def least_squares(rows: Sequence[Sequence[float]], seconds: Sequence[float], nam
     Raises:
         ValueError: lengths that do not match, a time not finite and > 0, fewer measurements than
             coefficients, a coefficient the measurements cannot tell from the others (named), or no fit with
-            every coefficient of the right sign.
+            every coefficient of the right sign (NoPositiveFit).
     """
     names = list(names)
     a = np.asarray(rows, dtype=np.float64)
@@ -168,7 +173,7 @@ def least_squares(rows: Sequence[Sequence[float]], seconds: Sequence[float], nam
             if (x[free] > 0).all() and (best is None or err < best[0]):  # the others are 0: allowed
                 best = (err, x)
     if best is None:
-        raise ValueError(f"no fit of {', '.join(names)} with positive coefficients: the times do not grow "
+        raise NoPositiveFit(f"no fit of {', '.join(names)} with positive coefficients: the times do not grow "
                          f"with the work (too noisy, or too few repeats)")
     return dict(zip(names, best[1].tolist(), strict=True))
 
@@ -402,6 +407,23 @@ def measure_steps(rep: Effort, log: Log) -> list[tuple[str, StepPoint, float]]:
             f"{cv:.1%})")
         out.append((model, StepPoint(batch, dict(profile_model(model, task, classes).macs), seconds), cv))
     return out
+
+
+def measure_fitted_steps(rep: Effort, log: Log, tries: int = 3) -> list[tuple[str, StepPoint, float]]:
+    """``measure_steps``, timed again with three times the repeats while noise leaves their fit (``fit_steps``)
+    no solution with every rate positive (a busy machine did that to the quick calibration's 4 repeats);
+    NoPositiveFit after ``tries`` timings."""
+    for attempt in range(tries):
+        steps = measure_steps(rep, log)
+        try:
+            fit_steps([p for _, p, _ in steps])
+            return steps
+        except NoPositiveFit as e:
+            if attempt == tries - 1:
+                raise
+            rep = dataclasses.replace(rep, step=3 * rep.step)
+            log(f"the steps do not fit ({e}); timing them again with {rep.step} repeats")
+    raise AssertionError("unreachable")
 
 
 def measure_own_steps(rep: Effort, log: Log) -> list[tuple[str, str, int, int, float]]:
@@ -1077,7 +1099,7 @@ def calibrate(path: str | Path | None = None, *, links: bool = False, quick: boo
             f"timings will be slower than on a quiet machine")
     torch.set_num_threads(1)
     try:
-        steps = measure_steps(rep, log)
+        steps = measure_fitted_steps(rep, log)
         own = measure_own_steps(rep, log)
         scaling = measure_threads(rep, log)
         sharing = measure_contention(rep, log)

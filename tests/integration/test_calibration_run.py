@@ -97,6 +97,8 @@ def test_quick_calibration_measures_every_cost_and_reads_back(tmp_path):
               "delta fetch": 1, "sparse push": 1, "copy": 1, "stream": 1, "compression": 4, "Ray actor call": 1,
               "object store": 3 + 1, "compressed calls": 1, "Downpour 2 x 2": 2, "shards in processes": 1,
               "speech-tiny batch 128 over 2 partitions": 1, "a message between partitions": 1}
+    # (the steps are timed again, each logged again, when noise left their first timing no fit)
+    counts["step "] += steps * sum(line.startswith("the steps do not fit") for line in lines)
     assert {k: sum(line.startswith(k) for line in lines) for k in counts} == counts
 
 

@@ -202,3 +202,29 @@ def test_a_process_cpu_time_counts_every_thread_to_the_process_clock():
     small = process_cpu_seconds([os.getpid()])
     spin(20_000)  # about a millisecond: far under one tick
     assert 0 < process_cpu_seconds([os.getpid()]) - small < 0.01
+
+
+def test_steps_that_noise_left_without_a_fit_are_timed_again_with_more_repeats(monkeypatch):
+    from distbelief.simulate import calibrate as cal
+
+    timed, lines = [], []
+
+    def measure(rep, log):
+        timed.append(rep.step)
+        return [("m", len(timed), 0.0)]
+
+    def fit(points):
+        if points[0] < 3:  # the first two timings: noise
+            raise cal.NoPositiveFit("no fit of a, b with positive coefficients")
+        return 0.0, 0.0, {}
+
+    monkeypatch.setattr(cal, "measure_steps", measure)
+    monkeypatch.setattr(cal, "fit_steps", fit)
+    assert cal.measure_fitted_steps(cal.QUICK, lines.append) == [("m", 3, 0.0)]
+    assert timed == [cal.QUICK.step, 3 * cal.QUICK.step, 9 * cal.QUICK.step]
+    assert [line.split(";")[0] for line in lines] == ["the steps do not fit (no fit of a, b with positive "
+                                                     "coefficients)"] * 2
+    timed.clear()
+    with pytest.raises(cal.NoPositiveFit):
+        cal.measure_fitted_steps(cal.QUICK, lines.append, tries=2)
+    assert len(timed) == 2
