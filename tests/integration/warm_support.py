@@ -1,6 +1,6 @@
 """Roles and a model for tests/integration/test_warm_workers.py, in a module Ray's workers can import."""
 
-import time
+import threading
 
 from torch import nn
 
@@ -11,11 +11,21 @@ def make_dropout_model():
 
 
 class Waiter:
-    """A role whose ``wait`` holds a call open for a while."""
+    """A role whose ``wait`` holds a call open until ``finish`` (``waiting``: it has begun)."""
 
-    def wait(self, seconds: float) -> str:
-        time.sleep(seconds)
-        return "waited"
+    def __init__(self):
+        self.began = False
+        self.finished = threading.Event()
+
+    def wait(self, timeout_s: float) -> str:
+        self.began = True
+        return "waited" if self.finished.wait(timeout_s) else "timed out"
+
+    def waiting(self) -> bool:
+        return self.began
+
+    def finish(self) -> None:
+        self.finished.set()
 
     def name(self) -> str:
         return "waiter"
