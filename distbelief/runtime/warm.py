@@ -66,8 +66,9 @@ class WarmPool:
         """Remove and return (for the caller to stop) the idle processes that hold resources (all with
         ``holding_only`` False)."""
         self._check_owner(owner)
-        out = [h for k, h in self._idle if k.holds_resources or not holding_only]
-        self._idle = [(k, h) for k, h in self._idle if not (k.holds_resources or not holding_only)]
+        goes = [(k.holds_resources or not holding_only) for k, _ in self._idle]
+        out = [h for (_, h), g in zip(self._idle, goes) if g]
+        self._idle = [entry for entry, g in zip(self._idle, goes) if not g]
         return out
 
     def give(self, owner: Hashable, entries: list[tuple[WarmKey, Any]]) -> list:
